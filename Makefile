@@ -1,0 +1,34 @@
+# PrefixOps: the two set-up commands are `make demo` and `make test` (see README.md).
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "PrefixOps needs Python 3.11, got " + sys.version'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.runtime-installed: requirements.txt | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/.dev-installed: requirements.txt requirements-dev.txt | $(VENV)/bin/python
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(VENV)/.runtime-installed $@
+
+demo: $(VENV)/.runtime-installed
+	$(PY) -m demo
+
+test: $(VENV)/.dev-installed
+	./scripts/ensure-test-system-deps.sh
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) data artifacts .pytest_cache .ruff_cache .mypy_cache .hypothesis

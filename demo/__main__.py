@@ -1,0 +1,183 @@
+"""`python -m demo`: the whole PrefixOps system on loopback, in the foreground.
+
+Starts the simulated engine, one sidecar in front of it, the collectors, the
+Streamlit dashboard and a load generator of closed-loop agent sessions, each
+as its own process with its output in ``data/logs/NAME.log``. Prints the
+dashboard URL and the operator credentials it generated. Ctrl-C or SIGTERM
+stops every process it started. A process that dies is reported with the
+tail of its log and restarted (a few times at most), so one crash does not
+take the demo down silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger("demo")
+REPO = Path(__file__).resolve().parent.parent
+MAX_RESTARTS = 3
+
+
+@dataclass
+class Service:
+    name: str
+    cmd: list[str]
+    ready_url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+
+    @property
+    def log_path(self) -> Path:
+        return REPO / "data" / "logs" / f"{self.name}.log"
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        out.close()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=8)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def wait_ready(service: Service, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if service.proc is not None and service.proc.poll() is not None:
+            raise RuntimeError(f"{service.name} exited with code {service.proc.returncode} while starting:\n"
+                               f"{service.tail()}")
+        try:
+            if httpx.get(service.ready_url or "", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{service.name} did not answer {service.ready_url} within {timeout:.0f} s:\n"
+                       f"{service.tail()}")
+
+
+def build_services(args: argparse.Namespace, operator_token: str, passphrase: str) -> list[Service]:
+    py = sys.executable
+    host = args.host
+    engine = f"http://{host}:{args.engine_port}"
+    sidecar = f"http://{host}:{args.sidecar_port}"
+    database_url = args.database_url
+    common = {"DATABASE_URL": database_url, "PREFIXOPS_OPERATOR_TOKEN": operator_token}
+    return [
+        Service("simulator", [py, "-m", "simulator", "serve", "--host", host, "--port", str(args.engine_port),
+                              "--speed", str(args.speed)], ready_url=f"{engine}/health"),
+        Service("sidecar", [py, "-m", "sidecar", "--engine", engine, "--host", host,
+                            "--port", str(args.sidecar_port), "--state-db", str(REPO / "data" / "sidecar.db")],
+                ready_url=f"{sidecar}/healthz", env=common),
+        Service("collectors", [py, "-m", "collectors", "--engine", engine, "--sidecar", sidecar,
+                               "--database-url", database_url], env=common),
+        Service("dashboard", [py, "-m", "streamlit", "run", str(REPO / "app.py"),
+                              "--server.address", host, "--server.port", str(args.dashboard_port),
+                              "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                ready_url=f"http://{host}:{args.dashboard_port}/_stcore/health",
+                env={**common, "PREFIXOPS_OPERATOR_PASSPHRASE": passphrase}),
+        Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed)]),
+    ]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default=os.environ.get("PREFIXOPS_HOST", "127.0.0.1"))
+    parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT", "8000")))
+    parser.add_argument("--sidecar-port", type=int, default=int(os.environ.get("SIDECAR_PORT", "8100")))
+    parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
+    parser.add_argument("--speed", type=float, default=float(os.environ.get("DEMO_SPEED", "4")),
+                        help="simulated seconds per wall second for the engine and the load (default 4)")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL",
+                                                                 f"sqlite:///{REPO / 'data' / 'prefixops.db'}"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s", datefmt="%H:%M:%S")
+    args = parse_args(argv)
+    (REPO / "data").mkdir(exist_ok=True)
+    operator_token = os.environ.get("PREFIXOPS_OPERATOR_TOKEN") or secrets.token_urlsafe(24)
+    passphrase = os.environ.get("PREFIXOPS_OPERATOR_PASSPHRASE") or secrets.token_urlsafe(12)
+    services = build_services(args, operator_token, passphrase)
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        for service in services:
+            log.info("starting %s (log: %s)", service.name, service.log_path.relative_to(REPO))
+            service.start()
+            if service.ready_url:
+                wait_ready(service, timeout=90)
+            if stopping:
+                return 0
+        url = f"http://{args.host}:{args.dashboard_port}"
+        print(f"""
+PrefixOps is up.
+  dashboard   {url}
+  engine      http://{args.host}:{args.engine_port}   (simulated vLLM, speed x{args.speed:g})
+  sidecar     http://{args.host}:{args.sidecar_port}  (/state, /sessions, /metrics are open)
+  database    {args.database_url}
+  sign in on the dashboard as any name with passphrase: {passphrase}
+  sidecar operator token (Authorization: Bearer ...):  {operator_token}
+Demo traffic is flowing through the sidecar. Ctrl-C stops everything.
+""", flush=True)
+        while not stopping:
+            time.sleep(0.5)
+            for service in services:
+                if stopping or service.proc is None or service.proc.poll() is None:
+                    continue
+                log.error("%s exited with code %s; last output:\n%s", service.name, service.proc.returncode,
+                          service.tail())
+                if service.restarts >= MAX_RESTARTS:
+                    log.error("%s keeps failing; stopping the demo", service.name)
+                    return 1
+                service.restarts += 1
+                log.info("restarting %s (%d/%d)", service.name, service.restarts, MAX_RESTARTS)
+                service.start()
+        return 0
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        log.info("stopping every process the demo started")
+        for service in reversed(services):
+            service.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

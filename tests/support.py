@@ -1,0 +1,109 @@
+"""Helpers for tests that start the project's real processes on loopback ports.
+
+Every integration and browser test starts processes through `running()`, so a
+process that fails to come up reports its own output instead of a bare timeout,
+and every process is stopped when the test ends, even on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+FIXTURES = REPO / "tests" / "fixtures"
+ENGINE_METRICS = FIXTURES / "engine-metrics"
+ARTIFACTS = REPO / "artifacts"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30.0, *, proc: subprocess.Popen | None = None,
+              expect_text: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+    """Poll `url` until it answers 200 (and contains `expect_text` when given).
+
+    Raises RuntimeError early when `proc` exits before the URL answers.
+    """
+    deadline = time.monotonic() + timeout
+    last_error = "no attempt made"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with code {proc.returncode} before {url} answered")
+        try:
+            response = httpx.get(url, timeout=2.0, headers=dict(headers or {}))
+            if response.status_code == 200 and (expect_text is None or expect_text in response.text):
+                return
+            last_error = f"HTTP {response.status_code}: {response.text[:200]!r}"
+        except httpx.HTTPError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f} s (last: {last_error})")
+
+
+def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], *, name: str, ready_url: str | None = None, timeout: float = 30.0,
+            env: Mapping[str, str] | None = None, cwd: Path | None = None,
+            expect_text: str | None = None) -> Iterator[subprocess.Popen]:
+    """Start `cmd` in its own process group, wait until `ready_url` answers, stop it on exit.
+
+    The process's stdout and stderr go to a temporary log; when start-up fails
+    or the body raises, the tail of that log is attached to the error so the
+    cause is visible in the test report.
+    """
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    if env:
+        full_env.update(env)
+    log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, cwd=str(cwd or REPO), env=full_env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log.name  # type: ignore[attr-defined]
+    try:
+        if ready_url is not None:
+            wait_http(ready_url, timeout, proc=proc, expect_text=expect_text)
+        yield proc
+    except BaseException as exc:
+        _stop(proc)
+        log.flush()
+        tail = Path(log.name).read_text(errors="replace")[-4000:]
+        exc.add_note(f"--- last output of {name} ({' '.join(cmd)}) ---\n{tail}")
+        raise
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def read_log(proc: subprocess.Popen) -> str:
+    """Everything a process started by `running` has printed so far."""
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
