@@ -38,9 +38,11 @@ class Service:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
 
+    log_dir: Path = REPO / "data" / "logs"
+
     @property
     def log_path(self) -> Path:
-        return REPO / "data" / "logs" / f"{self.name}.log"
+        return self.log_dir / f"{self.name}.log"
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,13 +92,13 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
     host = args.host
     engine = f"http://{host}:{args.engine_port}"
     sidecar = f"http://{host}:{args.sidecar_port}"
-    database_url = args.database_url
+    database_url = args.database_url or f"sqlite:///{args.data_dir / 'prefixops.db'}"
     common = {"DATABASE_URL": database_url, "PREFIXOPS_OPERATOR_TOKEN": operator_token}
-    return [
+    services = [
         Service("simulator", [py, "-m", "simulator", "serve", "--host", host, "--port", str(args.engine_port),
                               "--speed", str(args.speed)], ready_url=f"{engine}/health"),
         Service("sidecar", [py, "-m", "sidecar", "--engine", engine, "--host", host,
-                            "--port", str(args.sidecar_port), "--state-db", str(REPO / "data" / "sidecar.db")],
+                            "--port", str(args.sidecar_port), "--state-db", str(args.data_dir / "sidecar.db")],
                 ready_url=f"{sidecar}/healthz", env=common),
         Service("collectors", [py, "-m", "collectors", "--engine", engine, "--sidecar", sidecar,
                                "--database-url", database_url], env=common),
@@ -107,6 +109,9 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
                 env={**common, "PREFIXOPS_OPERATOR_PASSPHRASE": passphrase}),
         Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed)]),
     ]
+    for service in services:
+        service.log_dir = args.data_dir / "logs"
+    return services
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,15 +122,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
     parser.add_argument("--speed", type=float, default=float(os.environ.get("DEMO_SPEED", "4")),
                         help="simulated seconds per wall second for the engine and the load (default 4)")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL",
-                                                                 f"sqlite:///{REPO / 'data' / 'prefixops.db'}"))
-    return parser.parse_args(argv)
+    parser.add_argument("--data-dir", type=Path, default=REPO / "data",
+                        help="where the SQLite databases and the processes' logs go (default data/)")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+                        help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
+    args = parser.parse_args(argv)
+    args.data_dir = args.data_dir.resolve()
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s", datefmt="%H:%M:%S")
     args = parse_args(argv)
-    (REPO / "data").mkdir(exist_ok=True)
+    args.data_dir.mkdir(parents=True, exist_ok=True)
     operator_token = os.environ.get("PREFIXOPS_OPERATOR_TOKEN") or secrets.token_urlsafe(24)
     passphrase = os.environ.get("PREFIXOPS_OPERATOR_PASSPHRASE") or secrets.token_urlsafe(12)
     services = build_services(args, operator_token, passphrase)
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     try:
         for service in services:
-            log.info("starting %s (log: %s)", service.name, service.log_path.relative_to(REPO))
+            log.info("starting %s (log: %s)", service.name, service.log_path)
             service.start()
             if service.ready_url:
                 wait_ready(service, timeout=90)
@@ -151,7 +160,7 @@ PrefixOps is up.
   dashboard   {url}
   engine      http://{args.host}:{args.engine_port}   (simulated vLLM, speed x{args.speed:g})
   sidecar     http://{args.host}:{args.sidecar_port}  (/state, /sessions, /metrics are open)
-  database    {args.database_url}
+  database    {services[2].env["DATABASE_URL"]}
   sign in on the dashboard as any name with passphrase: {passphrase}
   sidecar operator token (Authorization: Bearer ...):  {operator_token}
 Demo traffic is flowing through the sidecar. Ctrl-C stops everything.

@@ -1,0 +1,1 @@
+"""Collectors: scrape engines and sidecars into the PrefixOps database; evaluate alerts (see service.py)."""

@@ -1,0 +1,362 @@
+"""The collectors process: per-target scrape jobs on an APScheduler BlockingScheduler, one writer thread.
+
+Threads:
+- scheduler pool threads run one job per target every `interval_s` (``max_instances=1``: a
+  slow target skips its own runs and never delays another target's) and put a
+  `ScrapeOutcome` on the writer queue;
+- the writer thread drains the queue in batches, writes each batch in one transaction,
+  then feeds the alert evaluator and persists alert transitions and outbox rows;
+- small jobs: heartbeat (every interval), alert sweep for stale data (every second),
+  webhook delivery (every second), config reload (every 2 s), rollups and retention (every 60 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor as FuturesPool
+from typing import Any
+
+import httpx
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.blocking import BlockingScheduler
+from sqlalchemy import Engine
+
+from collectors import notify
+from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
+from collectors.store import Store
+from core.alerts import AlertEvaluator, TargetHealth
+
+log = logging.getLogger(__name__)
+
+Scraper = EngineScraper | SidecarScraper
+MAINTENANCE_EVERY_S = 60.0
+REPEAT_ERROR_LOG_S = 60.0
+
+
+class Collector:
+    def __init__(self, config: CollectorConfig, engine: Engine, *, config_path: str | None = None,
+                 cli_engines: list[str] | None = None, cli_sidecars: list[str] | None = None,
+                 clock: Callable[[], float] = time.time, name: str = "collectors") -> None:
+        self.engine = engine
+        self.clock = clock
+        self.config_path = config_path
+        self.cli_engines = list(cli_engines or [])
+        self.cli_sidecars = list(cli_sidecars or [])
+        self.store = Store(engine, clock=clock, name=name)
+        self.evaluator = AlertEvaluator(config.alerts)
+        self.client = httpx.Client(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000),
+                                   follow_redirects=False, headers={"User-Agent": "prefixops-collectors"})
+        self.queue: queue.Queue[ScrapeOutcome | Callable[[], None]] = queue.Queue()
+        self.scrapers: dict[str, Scraper] = {}
+        self.scheduler: BlockingScheduler | None = None
+        self.notifier = notify.Notifier(engine, self.client, clock=clock)
+        self.watcher = ConfigWatcher(config_path) if config_path else None
+        self._stop = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._last_error_log: dict[str, tuple[str, float]] = {}
+        self.skipped_runs = 0
+        self.engine_labels: dict[str, tuple[str, ...]] = {}
+        self.scrapes_done = 0
+        self.config = config
+        self.apply_config(config)
+
+    # ------------------------------------------------------------------ configuration
+
+    def apply_config(self, config: CollectorConfig) -> None:
+        """Install a (new) target list: targets added get scrapers and jobs, removed ones lose them."""
+        if self.evaluator.settings != config.alerts:
+            self.evaluator.settings = config.alerts
+        self.config = config
+        self.store.sync_targets(config)
+        wanted: dict[str, Any] = {e.url: e for e in config.engines}
+        wanted.update({s.url: s for s in config.sidecars})
+        for url in list(self.scrapers):
+            if url not in wanted or self._changed(self.scrapers[url], wanted[url], config):
+                self._remove_job(url)
+                del self.scrapers[url]
+                self.evaluator.forget_target(url)
+        for e in config.engines:
+            if e.url not in self.scrapers:
+                self.scrapers[e.url] = EngineScraper(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
+                                                     max_page_bytes=config.max_page_bytes, clock=self.clock)
+                self._add_job(e.url)
+        for s in config.sidecars:
+            if s.url not in self.scrapers:
+                decisions, audit = self.store.cursors(s.url)
+                self.scrapers[s.url] = SidecarScraper(s, interval_s=config.interval_for(s), timeout_s=config.timeout_s,
+                                                      max_page_bytes=config.max_page_bytes, decision_cursor=decisions,
+                                                      audit_cursor=audit, clock=self.clock)
+                self._add_job(s.url)
+        health = self.store.target_health()
+        for url in self.scrapers:
+            row = health.get(url)
+            if url in self.evaluator.health or row is None or row["last_scrape_ts"] is None:
+                continue
+            # A restarted collector carries on from the stored scrape history, so a target that was
+            # down stays down (its open alert is neither resolved nor re-fired by the restart).
+            failures = int(row["consecutive_failures"] or 0)
+            self.evaluator.health[url] = TargetHealth(
+                last_attempt_ts=row["last_scrape_ts"], last_attempt_ok=bool(row["up"]),
+                last_success_ts=row["last_success_ts"], consecutive_failures=failures,
+                failing_since=(row["last_success_ts"] or row["last_scrape_ts"]) if failures else None,
+                last_error=row["last_error"])
+        for rule, url, label in self.store.open_alert_keys():
+            if url in self.scrapers:
+                self.evaluator.restore_firing(rule, (url, label))
+        self.store.resolve_alerts_of_removed_targets(self.clock())
+        self.fronted = {s.engine for s in config.sidecars if s.engine}
+
+    @staticmethod
+    def _changed(scraper: Scraper, target: Any, config: CollectorConfig) -> bool:
+        return scraper.target != target or scraper.interval_s != config.interval_for(target) \
+            or scraper.timeout_s != config.timeout_s
+
+    def reload_config(self) -> None:
+        if self.watcher is None:
+            return
+        try:
+            fresh = self.watcher.poll()
+        except ConfigError as exc:
+            log.error("config reload failed, keeping the previous targets: %s", exc)
+            return
+        if fresh is None:
+            return
+        try:
+            fresh = fresh.with_cli_targets(self.cli_engines, self.cli_sidecars)
+        except ConfigError as exc:
+            log.error("config reload failed: %s", exc)
+            return
+        log.info("config %s changed: %d engine(s), %d sidecar(s)", self.config_path, len(fresh.engines),
+                 len(fresh.sidecars))
+        self.submit(lambda: self.apply_config(fresh))
+
+    # ------------------------------------------------------------------ jobs
+
+    def _add_job(self, url: str) -> None:
+        if self.scheduler is None:
+            return
+        scraper = self.scrapers[url]
+        first = self.clock() + random.uniform(0, scraper.interval_s)  # spread targets over the interval
+        import datetime as dt
+
+        self.scheduler.add_job(self.scrape_target, "interval", seconds=scraper.interval_s, args=[url], id=f"scrape:{url}",
+                               next_run_time=dt.datetime.fromtimestamp(first, dt.UTC), replace_existing=True)
+
+    def _remove_job(self, url: str) -> None:
+        if self.scheduler is not None and self.scheduler.get_job(f"scrape:{url}") is not None:
+            self.scheduler.remove_job(f"scrape:{url}")
+
+    def scrape_target(self, url: str) -> None:
+        scraper = self.scrapers.get(url)
+        if scraper is None or self._stop.is_set():
+            return
+        try:
+            outcome = scraper.scrape(self.client)
+        except Exception:  # a bug, not an expected failure: keep the job alive and say where
+            log.exception("scrape of %s crashed", url)
+            return
+        if self._stop.is_set():
+            return  # shutting down: the client was closed under this scrape, its failure is not data
+        self._log_outcome(outcome)
+        self.queue.put(outcome)
+
+    def _log_outcome(self, outcome: ScrapeOutcome) -> None:
+        previous = self._last_error_log.get(outcome.url)
+        if outcome.ok:
+            if previous is not None:
+                log.info("%s is back up", outcome.url)
+                del self._last_error_log[outcome.url]
+            return
+        error = outcome.error or "unknown error"
+        now = self.clock()
+        if previous is None or previous[0] != error or now - previous[1] >= REPEAT_ERROR_LOG_S:
+            log.warning("scrape failed: %s", error)
+            self._last_error_log[outcome.url] = (error, now)
+
+    def submit(self, op: Callable[[], None]) -> None:
+        """Run `op` on the writer thread (or now, when no writer runs)."""
+        if self._writer is None:
+            op()
+        else:
+            self.queue.put(op)
+
+    # ------------------------------------------------------------------ writer
+
+    def process(self, outcomes: list[ScrapeOutcome]) -> None:
+        """Store outcomes, then run the alert rules on the targets they came from."""
+        if not outcomes:
+            return
+        self.store.write(outcomes)
+        self.scrapes_done += len(outcomes)
+        transitions = []
+        for o in outcomes:
+            if o.url not in self.scrapers:
+                continue
+            self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
+            if o.ok:
+                self.engine_labels[o.url] = o.engine_labels
+                by_label: dict[str, dict[str, float | None]] = {}
+                for label, name, value in o.samples:
+                    by_label.setdefault(label, {})[name] = value
+                for label, values in by_label.items():
+                    self.evaluator.observe((o.url, label), o.ts, values)
+                for d in o.decisions:
+                    regime = (d.get("data") or {}).get("regime")
+                    divergence = d.get("divergence")
+                    if divergence is None and regime is not None:
+                        divergence = 1.0 if regime == "thin-reuse" else 0.0
+                    # The collector's clock (when the grant was seen), not the sidecar's, times the hold.
+                    self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
+                                                      divergence=divergence)
+            transitions.extend(self._evaluate(o.url, o.ts))
+        self.store.apply_transitions(transitions, self.config)
+
+    def _evaluate(self, url: str, now: float) -> list[Any]:
+        scraper = self.scrapers[url]
+        labels = self.engine_labels.get(url) or ("",)
+        return self.evaluator.evaluate_target(url, now, role=scraper.role, engine_labels=labels,
+                                              fronted_by_sidecar=url in self.fronted)
+
+    def sweep_alerts(self) -> None:
+        """Evaluate every target now (stale-data needs a clock tick, not a scrape)."""
+        now = self.clock()
+        transitions = []
+        for url in list(self.scrapers):
+            transitions.extend(self._evaluate(url, now))
+        self.store.apply_transitions(transitions, self.config)
+
+    def heartbeat(self) -> None:
+        up = sum(1 for h in self.evaluator.health.values() if h.last_attempt_ok)
+        self.store.heartbeat(targets=len(self.scrapers), targets_up=up, config_path=self.config_path,
+                             info={"scrapes": self.scrapes_done, "skipped_runs": self.skipped_runs,
+                                   "queue": self.queue.qsize()})
+
+    def maintenance(self) -> None:
+        started = time.perf_counter()
+        rolled = self.store.rollup()
+        raw, roll = self.store.retention(self.config.raw_retention_s, self.config.rollup_retention_s)
+        elapsed = time.perf_counter() - started
+        log.debug("maintenance: %d rollup rows, %d raw and %d rollup rows expired in %.2f s", rolled, raw, roll, elapsed)
+        notify.queue_acknowledgements(self.engine, self.config.webhooks, now=self.clock())
+
+    def _writer_loop(self) -> None:
+        while not self._stop.is_set() or not self.queue.empty():
+            try:
+                item = self.queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            batch: list[ScrapeOutcome] = []
+            ops: list[Callable[[], None]] = []
+            while True:
+                (batch if isinstance(item, ScrapeOutcome) else ops).append(item)  # type: ignore[arg-type]
+                if len(batch) >= 1000:
+                    break
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+            try:
+                self.process(batch)
+            except Exception:
+                log.exception("writing %d scrape outcome(s) failed; they are dropped", len(batch))
+            for op in ops:
+                try:
+                    op()
+                except Exception:
+                    log.exception("writer task failed")
+
+    def start_writer(self) -> None:
+        self._writer = threading.Thread(target=self._writer_loop, name="writer", daemon=True)
+        self._writer.start()
+
+    def stop_writer(self) -> None:
+        self._stop.set()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+            self._writer = None
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> None:
+        """Run until SIGTERM/SIGINT."""
+        workers = min(256, max(8, 2 * len(self.scrapers) + 8))
+        self.scheduler = BlockingScheduler(
+            executors={"default": ThreadPoolExecutor(workers)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 5},
+            timezone="UTC")
+
+        def on_skip(event: JobExecutionEvent) -> None:
+            self.skipped_runs += 1
+
+        self.scheduler.add_listener(on_skip, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
+        for url in self.scrapers:
+            self._add_job(url)
+        interval = self.config.interval_s
+        self.scheduler.add_job(lambda: self.submit(self.heartbeat), "interval", seconds=interval, id="heartbeat")
+        self.scheduler.add_job(lambda: self.submit(self.sweep_alerts), "interval", seconds=1.0, id="alerts")
+        self.scheduler.add_job(self._deliver, "interval", seconds=1.0, id="notify")
+        self.scheduler.add_job(lambda: self.submit(self.maintenance), "interval", seconds=MAINTENANCE_EVERY_S,
+                               id="maintenance")
+        if self.watcher is not None:
+            self.scheduler.add_job(self.reload_config, "interval", seconds=2.0, id="config")
+        self.start_writer()
+        self.submit(self.heartbeat)
+        self.submit(self.maintenance)
+
+        def stop(signum: int, _frame: Any) -> None:
+            log.info("signal %d: stopping", signum)
+            self._stop.set()
+            if self.scheduler is not None and self.scheduler.running:
+                self.scheduler.shutdown(wait=False)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        log.info("collecting from %d target(s) every %g s", len(self.scrapers), interval)
+        try:
+            self.scheduler.start()
+        finally:
+            self.stop_writer()
+            self.client.close()
+
+    def _deliver(self) -> None:
+        if self.config.webhooks:
+            self.notifier.deliver_due(self.config.webhooks, write=self.submit)
+
+    def run_once(self, rounds: int = 2, pause_s: float | None = None) -> None:
+        """Scrape every target `rounds` times (enough for rates), evaluate alerts, deliver, roll up; return."""
+        pause = min(self.config.interval_s, 1.0) if pause_s is None else pause_s
+        with FuturesPool(max_workers=min(64, max(4, len(self.scrapers)))) as pool:
+            for i in range(rounds):
+                if i:
+                    time.sleep(pause)
+                outcomes = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                for o in outcomes:
+                    self._log_outcome(o)
+                self.process(outcomes)
+        self.sweep_alerts()
+        self.heartbeat()
+        if self.config.webhooks:
+            self.notifier.deliver_due(self.config.webhooks)
+        self.store.rollup()
+        self.client.close()
+
+
+def config_from_args(config_path: str | None, engines: list[str], sidecars: list[str],
+                     interval_s: float | None = None) -> CollectorConfig:
+    config = load_config(config_path) if config_path else CollectorConfig()
+    config = config.with_cli_targets(engines, sidecars)
+    if interval_s is not None:
+        from dataclasses import replace
+
+        if interval_s <= 0:
+            raise ConfigError(f"--interval must be positive, got {interval_s}")
+        config = replace(config, interval_s=interval_s)
+    return config

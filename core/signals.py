@@ -1,0 +1,105 @@
+"""Canonical signal names: one vocabulary for the database, `collectors status --json` and the pages.
+
+A *signal* is one number per (target, engine label, time). Engines' own metric
+names (vLLM V1, legacy vLLM `gpu_*`, SGLang) are mapped onto these by
+`core.engine_metrics`; sidecar `/state` fields by the collectors. Every
+row in the `series` table carries one of these names in its `signal` column.
+
+Units: ratios and fractions are in [0, 1]; `*_per_s` are per-second rates over
+the last scrape interval (counters turned into rates, resets give no sample);
+token counts are tokens; TTFT quantiles are seconds (estimated from the
+histogram's buckets observed over the last interval).
+
+Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
+
+- ``engine_hit_ratio``: R_t from engine counters over the last interval,
+  prefix-cache hits / queries (vLLM) or cached / prompt tokens (SGLang).
+- ``kv_usage``: KV-cache usage as a 0-1 fraction.
+- ``requests_running``, ``requests_waiting``: gauges.
+- ``preemptions_per_s``: vLLM preemptions, SGLang retractions.
+- ``prompt_tokens_per_s``, ``generation_tokens_per_s``, ``cached_tokens_per_s``.
+- ``prefix_cache_queries_per_s``, ``prefix_cache_hits_per_s``: the numerator and
+  denominator of ``engine_hit_ratio``, stored so ratios can be summed correctly
+  over engine labels (sum the rates, then divide).
+- ``ttft_p50``, ``ttft_p90``, ``ttft_p99``: time to first token, seconds.
+- ``pool_tokens``: KV pool size in tokens.
+
+Sidecar signals (engine label is always ""):
+
+- ``token_weighted`` (R_t), ``request_weighted`` (R_r), ``divergence`` (D = R_r - R_t).
+- ``thin_reuse``: 1 while the sidecar reports the thin-reuse regime, else 0.
+- ``pool_tokens``, ``demand_tokens``, ``demand_fraction`` (demand / pool),
+  ``band_low``, ``band_high`` (fractions of the pool).
+- ``turns_per_s``, ``sessions_in_system`` (admitted + parked + waiting),
+  ``admitted``, ``parked``, ``waiting``.
+- ``low_half_cached_fraction``: fraction of recent turns with under half of their
+  prompt cached.
+
+Per-target signals written by the collector itself for every target:
+
+- ``up`` (1 or 0) and ``scrape_duration_s``.
+
+The collector's own heartbeat lives in the ``collector_heartbeat`` table.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Reuse (sidecar)
+TOKEN_WEIGHTED: Final = "token_weighted"
+REQUEST_WEIGHTED: Final = "request_weighted"
+DIVERGENCE: Final = "divergence"
+THIN_REUSE: Final = "thin_reuse"
+
+# Engine
+ENGINE_HIT_RATIO: Final = "engine_hit_ratio"
+KV_USAGE: Final = "kv_usage"
+REQUESTS_RUNNING: Final = "requests_running"
+REQUESTS_WAITING: Final = "requests_waiting"
+PREEMPTIONS_PER_S: Final = "preemptions_per_s"
+PROMPT_TOKENS_PER_S: Final = "prompt_tokens_per_s"
+GENERATION_TOKENS_PER_S: Final = "generation_tokens_per_s"
+CACHED_TOKENS_PER_S: Final = "cached_tokens_per_s"
+PREFIX_CACHE_QUERIES_PER_S: Final = "prefix_cache_queries_per_s"
+PREFIX_CACHE_HITS_PER_S: Final = "prefix_cache_hits_per_s"
+TTFT_P50: Final = "ttft_p50"
+TTFT_P90: Final = "ttft_p90"
+TTFT_P99: Final = "ttft_p99"
+POOL_TOKENS: Final = "pool_tokens"
+
+# Budgeter / backlog (sidecar)
+DEMAND_TOKENS: Final = "demand_tokens"
+DEMAND_FRACTION: Final = "demand_fraction"
+BAND_LOW: Final = "band_low"
+BAND_HIGH: Final = "band_high"
+TURNS_PER_S: Final = "turns_per_s"
+SESSIONS_IN_SYSTEM: Final = "sessions_in_system"
+ADMITTED: Final = "admitted"
+PARKED: Final = "parked"
+WAITING: Final = "waiting"
+LOW_HALF_CACHED_FRACTION: Final = "low_half_cached_fraction"
+
+# Collector bookkeeping
+UP: Final = "up"
+SCRAPE_DURATION_S: Final = "scrape_duration_s"
+
+ENGINE_SIGNALS: Final = (
+    ENGINE_HIT_RATIO, KV_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S,
+    PROMPT_TOKENS_PER_S, GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S,
+    PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
+)
+SIDECAR_SIGNALS: Final = (
+    TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
+    DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
+    LOW_HALF_CACHED_FRACTION,
+)
+TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
+ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + TARGET_SIGNALS))
+
+# Signals whose meaning is a sum over engine labels (summing ratios would be wrong).
+ADDITIVE_SIGNALS: Final = frozenset({
+    REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S, PROMPT_TOKENS_PER_S,
+    GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S, PREFIX_CACHE_QUERIES_PER_S,
+    PREFIX_CACHE_HITS_PER_S, POOL_TOKENS,
+})

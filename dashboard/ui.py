@@ -1,0 +1,160 @@
+"""Shared page pieces: engine and time-range selection (kept in the URL), escaping, formatting."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import data
+from dashboard.queries import EngineRef
+from dashboard.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+RANGES: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+LAST_ENGINE_KEY = "last_engine"
+ROUTER_KEY = "_prefixops_router"
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:=^&])")
+
+
+def escape_md(text: object) -> str:
+    """Text from engines or sidecars, made inert for Streamlit's Markdown (no links, HTML, emphasis)."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text)).replace("\n", "  \n")
+
+
+def fmt_ts(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_num(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def fmt_tokens(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 1_000_000:
+        return f"{value / 1e6:.2f}M"
+    if abs(value) >= 1_000:
+        return f"{value / 1e3:.0f}K"
+    return f"{value:.0f}"
+
+
+def ensure_router() -> None:
+    """Send a page run without app.py (Streamlit's legacy pages/ mode) through the router.
+
+    Until a session has run `st.navigation`, Streamlit serves files in pages/
+    directly; the first visitor of a deep link would get a page without the
+    sidebar, sign-in and page config. Running app.py once fixes that for all.
+    """
+    if not st.session_state.get(ROUTER_KEY):
+        st.switch_page("app.py")
+
+
+def require_database(settings: Settings) -> None:
+    """Stop the page with a clear message when there is no database to read."""
+    problem = data.database_problem(settings.database_url)
+    if problem:
+        st.warning(problem)
+        st.stop()
+
+
+def choose_engine(engines: list[EngineRef], *, key: str = "engine") -> EngineRef | None:
+    """Engine picker synced with `?engine=`; opens on the first engine when none is chosen."""
+    if not engines:
+        st.info("No engines known yet: the collectors have not recorded any targets. "
+                "Check PREFIXOPS_CONFIG / the collectors' command line.")
+        return None
+    keys = [e.key for e in engines]
+    wanted = st.query_params.get("engine") or st.session_state.get(LAST_ENGINE_KEY)
+    if wanted is not None and wanted not in keys:
+        st.warning(f"Engine {escape_md(wanted)} is not known (any more); showing {escape_md(keys[0])}.")
+        wanted = None
+    index = keys.index(wanted) if wanted in keys else 0
+    chosen = st.selectbox("Engine", keys, index=index, key=f"{key}_select")
+    st.session_state[LAST_ENGINE_KEY] = chosen
+    if st.query_params.get("engine") != chosen:
+        st.query_params["engine"] = chosen
+    return engines[keys.index(chosen)]
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    start: float
+    end: float
+    label: str
+    at: float | None  # a moment chosen through a link (not live)
+
+    @property
+    def live(self) -> bool:
+        return self.at is None
+
+    @property
+    def span(self) -> float:
+        return self.end - self.start
+
+
+def choose_range(settings: Settings, *, key: str = "range", default: str = "1h") -> TimeWindow:
+    """Range picker synced with `?range=`; `?at=<epoch>` centres the window on a moment (from an alert)."""
+    labels = list(RANGES)
+    wanted = st.query_params.get("range", default)
+    if wanted not in RANGES:
+        wanted = default
+    label = st.selectbox("Time range", labels, index=labels.index(wanted), key=f"{key}_select",
+                         format_func=lambda v: f"last {v}")
+    if st.query_params.get("range") != label:
+        st.query_params["range"] = label
+    span = RANGES[label]
+    at: float | None = None
+    raw_at = st.query_params.get("at")
+    if raw_at:
+        try:
+            at = float(raw_at)
+        except ValueError:
+            st.warning("Ignoring the link's moment: `at` is not a Unix time.")
+    now = data.live_now(settings)
+    if at is not None:
+        end = min(now, at + span / 2)
+        start = end - span
+        return TimeWindow(start, end, label, at)
+    return TimeWindow(now - span, now, label, None)
+
+
+def back_to_live_button(window: TimeWindow) -> None:
+    if window.at is None:
+        return
+    cols = st.columns([4, 1])
+    cols[0].info(f"Showing the moment {fmt_ts(window.at)} (from a link), not live.")
+    if cols[1].button("Back to live", key="back_to_live"):
+        del st.query_params["at"]
+        st.rerun()
+
+
+def max_gap_for(window: TimeWindow) -> float:
+    """A missing stretch longer than this is drawn as a gap."""
+    from dashboard.queries import step_for_span
+
+    step = step_for_span(window.span)
+    return max(10.0, 3 * step)
+
+
+def now() -> float:
+    return time.time()
+
+
+def csv_safe(frame: pd.DataFrame) -> bytes:
+    """CSV in which no cell can run as a spreadsheet formula (session ids and names come from clients)."""
+    def cell(value: object) -> object:
+        if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+            return "'" + value
+        return value
+
+    return frame.map(cell).to_csv(index=False).encode()

@@ -1,0 +1,324 @@
+"""The offline commands: ``run``, ``table3`` and ``compaction``.
+
+Each writes JSON (the data), Markdown where there is a table, and PNG plots
+(matplotlib, Agg backend). Simulation time is measured inside each run
+(``summary.wall_s``), excluding start-up and plotting. Multi-run commands fan
+out over the cores with ``multiprocessing`` and show a ``tqdm`` progress bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+from collections.abc import Iterable
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+from simulator.config import SimConfigError, parse_set_args
+from simulator.offline import CONTROLS, SCENARIOS, run_scenario
+
+log = logging.getLogger(__name__)
+
+BAND_VARIANTS = {"budgeter-park (65/85)": {"low_band": 0.65, "high_band": 0.85},
+                 "budgeter-park (85/98)": {"low_band": 0.85, "high_band": 0.98}}
+
+
+# ------------------------------------------------------------------ helpers
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _jobs(requested: int | None) -> int:
+    return max(1, requested or os.cpu_count() or 1)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+
+
+def _minutes_axis(series: dict[str, list[Any]]) -> list[float]:
+    return [t / 60.0 for t in series["t"]]
+
+
+def plot_run(result: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    s = result["series"]
+    x = _minutes_axis(s)
+    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
+    ax = axes[0]
+    ax.plot(x, [v if v is not None else float("nan") for v in s["token_weighted"]], label="token-weighted (R_t)")
+    ax.plot(x, [v if v is not None else float("nan") for v in s["request_weighted"]], label="request-weighted (R_r)",
+            alpha=0.7)
+    ax.plot(x, [v if v is not None else float("nan") for v in s["engine_hit_ratio"]], label="engine hit ratio",
+            alpha=0.7, linestyle=":")
+    ax.axhline(0.3, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("hit rate (60 s)")
+    ax.set_ylim(0, 1.02)
+    ax.legend(loc="lower left", fontsize=8)
+    ax = axes[1]
+    ax.plot(x, s["turns_per_s"], label="turns/s (60 s)")
+    ax.set_ylabel("turns/s")
+    ax = axes[2]
+    ax.plot(x, s["sessions_in_system"], label="sessions in system")
+    ax.plot(x, s["parked"], label="parked")
+    ax.plot(x, s.get("waiting_sessions", [0] * len(x)), label="waiting for admission")
+    ax.plot(x, s["running"], label="running requests", alpha=0.6)
+    ax.set_ylabel("count")
+    ax.legend(loc="upper left", fontsize=8)
+    ax = axes[3]
+    ax.plot(x, s["kv_usage"], label="kv_cache_usage_perc (vLLM)")
+    ax.plot(x, s["kv_resident"], label="KV resident incl. cached-free (sim)")
+    pool = result["config"]["engine"]["pool_tokens"]
+    ax.plot(x, [d / pool for d in s["demand_tokens"]], label="budgeter demand / pool")
+    ax.set_ylabel("fraction of pool")
+    ax.set_xlabel("simulated minutes")
+    ax.legend(loc="upper left", fontsize=8)
+    ctl = result["config"]["control"]["control_start_min"]
+    for ax in axes:
+        ax.axvline(ctl, color="red", linewidth=0.8, alpha=0.6)
+    sm = result["summary"]
+    fig.suptitle(f"{result['scenario']} / {result['control']} / seed {result['seed']}: "
+                 f"collapsed={sm.get('collapsed')} recovered={sm.get('recovered')} "
+                 f"end hit ratio={sm.get('end_hit_ratio')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------ run
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="workload, engine, cost or control setting (repeatable); see docs/simulator.md")
+    p.add_argument("--exact", action="store_true", help="exact per-block, per-step engine (the reference)")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", required=True, choices=SCENARIOS)
+    p.add_argument("--control", default="off", choices=CONTROLS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=90.0)
+    p.add_argument("--out", required=True, type=Path)
+    add_common(p)
+
+
+def one_line(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    if result["scenario"] == "rag-storm":
+        return (f"{result['scenario']} seed={result['seed']} trigger={s.get('trigger')} R_t={s.get('token_weighted')} "
+                f"R_r={s.get('request_weighted')} D={s.get('divergence')} compactions={s.get('compactions')} "
+                f"R_t_after_compaction={s.get('token_weighted_after_compaction')} "
+                f"relative_input_cost={s.get('relative_input_cost')} wall_s={s.get('wall_s')}")
+    return (f"{result['scenario']} control={result['control']} seed={result['seed']} minutes={result['minutes']:g} "
+            f"collapsed={s['collapsed']} recovered={s['recovered']} minutes_to_recover={s['minutes_to_recover']} "
+            f"end_hit_ratio={s['end_hit_ratio']} end_turns_per_s={s['end_turns_per_s']} "
+            f"sessions_in_system={s['end_sessions_in_system']:g} wall_s={s['wall_s']} "
+            f"({s.get('sim_minutes_per_wall_s')} sim-min/wall-s, {result['mode']})")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    try:
+        overrides = parse_set_args(args.set)
+        result = run_scenario(args.scenario, args.control, args.seed, args.minutes, overrides, exact=args.exact)
+    except SimConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "run.json", result)
+    if args.scenario == "rag-storm":
+        from simulator.rag import plot_rag
+
+        plot_rag(result, out / "run.png")
+    else:
+        plot_run(result, out / "run.png")
+    print(one_line(result))
+    return 0
+
+
+# ------------------------------------------------------------------ table3
+def add_table3_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", type=int, default=12, help="seeds per row")
+    p.add_argument("--seed-base", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=90.0)
+    p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    p.add_argument("--out", required=True, type=Path)
+    add_common(p)
+
+
+def _table3_job(job: tuple[str, str, str, int, float, dict[str, str], bool]) -> dict[str, Any]:
+    row, scenario, control, seed, minutes, overrides, exact = job
+    logging.getLogger().setLevel(logging.WARNING)
+    result = run_scenario(scenario, control, seed, minutes, overrides, exact=exact)
+    s = result["series"]
+    keep = {k: s[k] for k in ("t", "token_weighted", "turns_per_s", "sessions_in_system", "parked")}
+    return {"row": row, "scenario": scenario, "control": control, "seed": seed, "summary": result["summary"],
+            "series": keep, "control_start_min": result["config"]["control"]["control_start_min"]}
+
+
+def table3_jobs(runs: int, seed_base: int, minutes: float, overrides: dict[str, str],
+                exact: bool) -> list[tuple[str, str, str, int, float, dict[str, str], bool]]:
+    jobs = []
+    for seed in range(seed_base, seed_base + runs):
+        jobs.append(("pair-steady", "agent-steady", "off", seed, minutes, overrides, exact))
+        for control in CONTROLS:
+            jobs.append((control, "agent-burst", control, seed, minutes, overrides, exact))
+        for row, bands in BAND_VARIANTS.items():
+            ov = {**overrides, **{k: str(v) for k, v in bands.items()}}
+            jobs.append((row, "agent-burst", "budgeter-park", seed, minutes, ov, exact))
+    return jobs
+
+
+def summarize_table3(results: Iterable[dict[str, Any]], runs: int, seed_base: int, minutes: float) -> dict[str, Any]:
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_row.setdefault(r["row"], []).append(r)
+    for rows in by_row.values():
+        rows.sort(key=lambda r: r["seed"])
+    steady = {r["seed"]: r["summary"]["degraded_at_end"] for r in by_row.get("pair-steady", [])}
+    burst = {r["seed"]: r["summary"]["degraded_at_end"] for r in by_row.get("off", [])}
+    seeds = sorted(set(steady) & set(burst))
+    data: dict[str, Any] = {
+        "pairs": len(seeds),
+        "burst_only_degraded": sum(1 for s in seeds if burst[s] and not steady[s]),
+        "steady_only_degraded": sum(1 for s in seeds if steady[s] and not burst[s]),
+        "both_degraded": sum(1 for s in seeds if steady[s] and burst[s]),
+        "burst_degraded": sum(1 for s in seeds if burst[s]),
+        "steady_degraded": sum(1 for s in seeds if steady[s]),
+        "runs": runs, "seed_base": seed_base, "minutes": minutes,
+    }
+    degraded_end = [r for r in by_row.get("off", []) if r["summary"]["degraded_at_end"]]
+    if degraded_end:
+        data["degraded_at_end_stats"] = {
+            "token_weighted_max": max(r["summary"]["end_hit_ratio"] or 0.0 for r in degraded_end),
+            "turns_per_s_max": max(r["summary"]["end_turns_per_s"] for r in degraded_end),
+            "offered_turns_per_s": degraded_end[0]["summary"]["offered_turns_per_s"],
+            "sessions_slope_per_min_min": min(r["summary"]["sessions_slope_per_min"] for r in degraded_end),
+        }
+    for row in [*CONTROLS, *BAND_VARIANTS]:
+        rows = by_row.get(row, [])
+        collapsed = [r for r in rows if r["summary"]["collapsed"]]
+        data[row] = {
+            "collapsed_runs": len(collapsed),
+            "recovered_runs": sum(1 for r in collapsed if r["summary"]["recovered"]),
+            "minutes_to_recover": [r["summary"]["minutes_to_recover"] for r in collapsed],
+            "end_hit_ratio": [r["summary"]["end_hit_ratio"] for r in collapsed],
+            "collapsed_seeds": [r["seed"] for r in collapsed],
+            "runs": len(rows),
+        }
+    data["wall_s_median"] = statistics.median([r["summary"]["wall_s"] for rs in by_row.values() for r in rs])
+    return data
+
+
+def _fmt_range(values: list[float]) -> str:
+    if not values:
+        return "—"
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}–{hi:.2f}"
+
+
+def table3_markdown(data: dict[str, Any]) -> str:
+    lines = [f"Pairs (seeds {data['seed_base']}..{data['seed_base'] + data['runs'] - 1}, {data['minutes']:g} simulated "
+             "minutes, control `off`, judged degraded at the end of the run):", "",
+             "| pairs | burst only degraded | steady only degraded | both degraded | neither |",
+             "|---|---|---|---|---|"]
+    neither = data["pairs"] - data["burst_only_degraded"] - data["steady_only_degraded"] - data["both_degraded"]
+    lines.append(f"| {data['pairs']} | {data['burst_only_degraded']} | {data['steady_only_degraded']} | "
+                 f"{data['both_degraded']} | {neither} |")
+    lines += ["", "Controls on `agent-burst`, switched on at minute 20 (only runs collapsed at minute 20 count):", "",
+              "| control | collapsed runs recovered | time to recover (min) | hit ratio at end |", "|---|---|---|---|"]
+    for row in [*CONTROLS, *BAND_VARIANTS]:
+        d = data[row]
+        times = [m for m in d["minutes_to_recover"] if m is not None]
+        if times:
+            t = f"median {statistics.median(times):g} (max {max(times)})"
+        else:
+            t = "—"
+        hits = [h for h in d["end_hit_ratio"] if h is not None]
+        lines.append(f"| {row} | {d['recovered_runs']}/{d['collapsed_runs']} | {t} | {_fmt_range(hits)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_table3(results: list[dict[str, Any]], path: Path) -> None:
+    plt = _plt()
+    rows = [*CONTROLS, *BAND_VARIANTS]
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 2.1 * len(rows)), sharex=True)
+    for ax, row in zip(axes, rows, strict=True):
+        for r in results:
+            if r["row"] != row or not r["summary"]["collapsed"]:
+                continue
+            s = r["series"]
+            ax.plot([t / 60 for t in s["t"]], [v if v is not None else float("nan") for v in s["token_weighted"]],
+                    linewidth=0.8, alpha=0.7)
+            ax.axvline(r["control_start_min"], color="red", linewidth=0.8)
+        ax.axhline(0.3, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_ylim(0, 1.02)
+        ax.set_ylabel("R_t")
+        ax.set_title(f"{row}: collapsed runs, token-weighted hit rate (60 s)", fontsize=9)
+    axes[-1].set_xlabel("simulated minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def table3_command(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    try:
+        overrides = parse_set_args(args.set)
+        # validate once in the parent so a bad --set fails fast with one message
+        run_scenario("agent-steady", "off", 0, 0.05, overrides)
+    except SimConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = table3_jobs(args.runs, args.seed_base, args.minutes, overrides, args.exact)
+    results: list[dict[str, Any]] = []
+    with Pool(_jobs(args.jobs)) as pool:
+        for r in tqdm(pool.imap_unordered(_table3_job, jobs), total=len(jobs), desc="table3 runs", unit="run"):
+            results.append(r)
+    data = summarize_table3(results, args.runs, args.seed_base, args.minutes)
+    data["commands"] = {"table3": " ".join(["python -m simulator", *sys.argv[1:]])}
+    data["run_summaries"] = sorted(
+        ({"row": r["row"], "scenario": r["scenario"], "seed": r["seed"],
+          **{k: v for k, v in r["summary"].items() if k != "degraded_at"}} for r in results),
+        key=lambda d: (d["row"], d["seed"]))
+    _write_json(out / "table3.json", data)
+    md = table3_markdown(data)
+    (out / "table3.md").write_text(md)
+    plot_table3(results, out / "table3.png")
+    print(md)
+    return 0
+
+
+# ------------------------------------------------------------------ compaction
+def add_compaction_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", type=int, default=4, help="seeds per trigger")
+    p.add_argument("--seed-base", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--out", required=True, type=Path)
+    add_common(p)
+
+
+def compaction_command(args: argparse.Namespace) -> int:
+    from simulator.rag import compaction_experiment
+
+    try:
+        overrides = parse_set_args(args.set)
+    except SimConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    return compaction_experiment(args.runs, args.seed_base, args.minutes, overrides, args.exact, args.out,
+                                 _jobs(args.jobs))

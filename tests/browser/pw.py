@@ -1,0 +1,84 @@
+"""Playwright helpers for the browser tests: Debian's Chromium, Streamlit readiness, screenshots.
+
+Runnable by hand to look at a running dashboard::
+
+    .venv/bin/python -m tests.browser.pw http://127.0.0.1:8501 overview engine ...
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import ARTIFACTS, wait_http
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+SCREENSHOTS = ARTIFACTS / "screenshots"
+
+
+def require_chromium() -> None:
+    """Skip (with the reason) when Chromium is missing, except under CI=true, where it fails."""
+    if Path(CHROMIUM).exists() or shutil.which("chromium"):
+        return
+    reason = f"{CHROMIUM} is missing (install it with `apt-get install -y chromium`)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"browser tests must run under CI=true: {reason}")
+    pytest.skip(reason)
+
+
+@contextmanager
+def browser_page(width: int = 1400, height: int = 2600) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": width, "height": height})
+            page = context.new_page()
+            page.set_default_timeout(30_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def wait_streamlit(base_url: str, timeout: float = 60.0) -> None:
+    wait_http(f"{base_url}/_stcore/health", timeout, expect_text="ok")
+
+
+def wait_idle(page: Any, timeout_ms: int = 30_000) -> None:
+    """Wait until the script run finished (stApp data-test-script-state="notRunning")."""
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_ms,
+                           state="attached")
+
+
+def open_page(page: Any, url: str) -> None:
+    page.goto(url)
+    wait_idle(page)
+
+
+def screenshot(page: Any, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+if __name__ == "__main__":
+    base = sys.argv[1]
+    names = sys.argv[2:] or ["overview"]
+    with browser_page() as pg:
+        for name in names:
+            path_part, _, query = name.partition("?")
+            open_page(pg, f"{base}/{path_part}" + (f"?{query}" if query else ""))
+            pg.wait_for_timeout(2500)
+            wait_idle(pg)
+            print(screenshot(pg, f"manual-{path_part}"))

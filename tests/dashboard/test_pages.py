@@ -1,0 +1,129 @@
+"""AppTests of the read side of the pages: Engine, Sessions, Compaction, Alerts, Audit."""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import pytest
+
+from dashboard.ui import csv_safe
+from tests.dashboard.apptest import app, figures, texts, traces
+from tests.dashboard.fill import NASTY_SESSION
+
+
+@pytest.mark.parametrize("page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit"])
+def test_every_page_renders_signed_out_without_error(db_url: str, page: str) -> None:
+    at = app(page)
+    assert not at.exception
+    assert at.title[0].value == page.capitalize()
+
+
+def test_engine_page_opens_on_the_first_engine_with_all_charts(db_url: str) -> None:
+    at = app("engine")
+    assert at.selectbox(key="engine_select").value == "a"
+    assert at.query_params["engine"] == "a"
+    figs = figures(at)
+    assert {"engine_hit_rates", "engine_kv", "engine_backlog", "engine_ttft", "engine_cost"} <= set(figs)
+    hit = traces(figs["engine_hit_rates"])
+    rt = [y for y in hit["R_t (token-weighted)"]["y"] if y is not None]
+    rr = [y for y in hit["R_r (request-weighted)"]["y"] if y is not None]
+    assert min(rt) < 0.2 and max(rt) > 0.8  # the collapse 30 minutes ago is inside the last hour
+    assert min(rr) > 0.8
+    # D has its thin-reuse zone shaded above the threshold.
+    shapes = figs["engine_hit_rates"]["layout"]["shapes"]
+    assert any(s.get("type") == "rect" and s.get("y0") == 0.5 and s.get("y1") == 1.0 for s in shapes)
+    # Cause next to effect: markers for the operator's actions, the gate's decisions and alerts, with hover text.
+    actions = hit["operator action"]["hovertext"]
+    assert any("alice: park" in t for t in actions)
+    assert any("compaction deferred" in t for t in hit["compaction decision"]["hovertext"])
+    assert any("alert collapse (critical) opened" in t for t in hit["alert"]["hovertext"])
+    kv = traces(figs["engine_kv"])
+    assert {"KV demand / pool", "low band", "high band", "engine KV usage gauge"} <= set(kv)
+    assert "does not show cache" in texts(at)
+    cost = [y for y in traces(figs["engine_cost"])["relative input cost"]["y"] if y is not None]
+    assert min(cost) == pytest.approx(1 - 0.9 * 0.88, abs=0.05) or min(cost) < 0.3
+    assert max(cost) == pytest.approx(1 - 0.9 * 0.1, abs=0.05)
+    assert "COLLAPSED" in texts(at)
+
+
+def test_engine_page_sums_data_parallel_ranks(db_url: str) -> None:
+    at = app("engine", engine="b")
+    hit = traces(figures(at)["engine_hit_rates"])
+    ratio = [y for y in hit["engine prefix-cache hit ratio"]["y"] if y is not None]
+    assert ratio and all(0.8 < y < 1.0 for y in ratio)  # hits/queries summed over ranks, not a sum of ratios
+
+
+def test_engine_page_at_a_moment_from_a_link(db_url: str, fill_now: float) -> None:
+    at = app("engine", engine="a", at=str(int(fill_now - 1800)), range="15m")
+    assert "Showing the moment" in texts(at)
+    x = traces(figures(at)["engine_hit_rates"])["R_t (token-weighted)"]["x"]
+    first, last = pd.Timestamp(x[0]).timestamp(), pd.Timestamp(x[-1]).timestamp()
+    assert fill_now - 1800 - 460 < first and last < fill_now - 1800 + 460  # centred on the moment, not live
+    at.button(key="back_to_live").click().run()
+    assert "at" not in at.query_params
+
+
+def test_engine_page_time_range_up_to_seven_days(db_url: str) -> None:
+    at = app("engine", engine="a", range="7d")
+    assert at.selectbox(key="range_select").value == "7d"
+    x = traces(figures(at)["engine_hit_rates"])["R_t (token-weighted)"]["x"]
+    span = pd.Timestamp(x[-1]) - pd.Timestamp(x[0])
+    assert span.total_seconds() > 36 * 3600  # the fill holds two days of rollups
+
+
+def test_unknown_engine_in_the_link_says_so(db_url: str) -> None:
+    at = app("engine", engine="zz")
+    assert "Engine zz is not known" in texts(at)
+    assert at.selectbox(key="engine_select").value == "a"
+
+
+def test_sessions_table_filters_and_shows_ids_as_text(db_url: str) -> None:
+    at = app("sessions", engine="a")
+    table = at.dataframe[0].value
+    assert len(table) == 30
+    assert NASTY_SESSION in set(table["session"])
+    parked = table[table["state"] == "parked"]
+    assert set(parked["parked by"]) == {"operator", "budgeter"}
+    at.multiselect(key="sessions_state_filter").set_value(["parked"]).run()
+    assert set(at.dataframe[0].value["state"]) == {"parked"}
+    at.text_input(key="sessions_id_filter").input("agent-00").run()
+    assert set(at.dataframe[0].value["session"]) == {f"agent-00{i}" for i in range(6)}
+
+
+def test_compaction_page_shows_regime_subtrees_and_decisions(db_url: str) -> None:
+    at = app("compaction", engine="a")
+    assert at.metric[0].value == "thin-reuse"
+    assert "Deferred by an operator" in texts(at)
+    subtrees = at.dataframe[0].value
+    assert list(subtrees["subtree"])[0] == "system-prompt-0"  # hottest first
+    decisions = at.dataframe[1].value
+    assert set(decisions["decision"]) == {"granted", "deferred"}
+    assert "thin-reuse regime" in " ".join(decisions["reason"])
+
+
+def test_alerts_page_lists_firing_alerts_with_links(db_url: str) -> None:
+    at = app("alerts")
+    assert "Firing (3)" in texts(at)
+    links = [link for link in at.get("page_link") if "Engine view" in link.proto.label]
+    assert len(links) == 3
+    assert any("at=" in link.proto.query_string and "engine=a" in link.proto.query_string for link in links)
+    recent = at.dataframe[0].value
+    assert "resolved" in set(recent["state"])
+
+
+def test_audit_page_filters_and_exports_csv(db_url: str) -> None:
+    at = app("audit")
+    table = at.dataframe[0].value
+    assert {"sidecar", "dashboard"} <= set(table["source"])
+    at.text_input(key="audit_actor").input("bob").run()
+    table = at.dataframe[0].value
+    assert set(table["who"]) == {"bob"}
+    assert '"low": 0.75' in table.iloc[0]["before"]
+    at.selectbox(key="audit_span").set_value("1h").run()
+    assert at.dataframe[0].value.empty  # bob acted three hours ago
+
+
+def test_audit_csv_cannot_inject_formulas() -> None:
+    data = csv_safe(pd.DataFrame({"session": ["=HYPERLINK(1)", "ok", "-1+2"]}))
+    assert pd.read_csv(io.BytesIO(data))["session"].tolist() == ["'=HYPERLINK(1)", "ok", "'-1+2"]
