@@ -67,7 +67,7 @@ def bench_parse_store(runs: int, scrapes: int) -> dict:
         t2 = time.perf_counter()
         full.append(t1 - t0)
         filtered.append(t2 - t1)
-    single, batched = [], []
+    single, batch_parse, batch_write = [], [], []
     for _ in range(runs):
         tmp = Path(tempfile.mkdtemp(prefix="bench-coll-"))
         db = make_engine(f"sqlite:///{tmp / 'b.db'}")
@@ -77,25 +77,30 @@ def bench_parse_store(runs: int, scrapes: int) -> dict:
         store.sync_targets(CollectorConfig(engines=tuple(EngineTarget(u) for u in urls)))
         scrapers = [EngineScraper(EngineTarget(u), interval_s=1, timeout_s=1, max_page_bytes=10**7) for u in urls]
         ts = 1_800_000_000.0
-        for s in scrapers:  # series exist, like a running collector
-            store.write([s.ingest_text(text, ts)])
-        times = []
-        for i in range(scrapes):
+        store.write([s.ingest_text(text, ts) for s in scrapers])  # series exist, like a running collector
+        for r in range(max(1, scrapes // 100)):
+            # One scrape per transaction (a lone target) ...
+            times = []
+            for i in range(20):
+                ts += 1.0
+                t0 = time.perf_counter()
+                store.write([scrapers[0].ingest_text(text.replace("25477.0", f"{25477 + 1000 * (r * 20 + i)}.0"), ts)])
+                times.append(time.perf_counter() - t0)
+            single.append(statistics.median(times))
+            # ... and 200 targets' scrapes per transaction (the writer under load).
             ts += 1.0
             t0 = time.perf_counter()
-            outcome = scrapers[0].ingest_text(text.replace("25477.0", f"{25477 + 1000 * i}.0"), ts)
-            store.write([outcome])
-            times.append(time.perf_counter() - t0)
-        single.append(statistics.median(times))
-        t0 = time.perf_counter()
-        rounds = max(1, scrapes // 100)
-        for _ in range(rounds):
-            ts += 1.0
-            store.write([s.ingest_text(text, ts) for s in scrapers])
-        batched.append((time.perf_counter() - t0) / (rounds * len(scrapers)))
+            outcomes = [s.ingest_text(text, ts) for s in scrapers]
+            t1 = time.perf_counter()
+            store.write(outcomes)
+            t2 = time.perf_counter()
+            batch_parse.append((t1 - t0) / len(scrapers))
+            batch_write.append((t2 - t1) / len(scrapers))
         db.dispose()
+    batched = [p + w for p, w in zip(batch_parse, batch_write, strict=True)]
     return {"parse_full_page_ms": median_ms(full), "parse_filtered_ms": median_ms(filtered),
-            "parse_store_single_ms": median_ms(single), "parse_store_batched_ms": median_ms(batched)}
+            "parse_store_single_ms": median_ms(single), "parse_store_batched_ms": median_ms(batched),
+            "store_batched_ms": median_ms(batch_write)}
 
 
 # ------------------------------------------------------------------ 2. fleet
@@ -173,6 +178,8 @@ def bench_fleet(n: int, seconds: float, warmup: float = 8.0) -> dict:
         c0, s0, t0 = _cpu_seconds(proc.pid), scrapes(), time.monotonic()
         time.sleep(seconds)
         c1, s1, t1 = _cpu_seconds(proc.pid), scrapes(), time.monotonic()
+        rss_mb = int(next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                          if line.startswith("VmRSS:"))) / 1024
         db.dispose()
     finally:
         proc.terminate()
@@ -187,6 +194,7 @@ def bench_fleet(n: int, seconds: float, warmup: float = 8.0) -> dict:
             "achieved_fraction": round(rate / n, 3), "collector_cpu_share": round(cpu_share, 3),
             "cpu_ms_per_scrape": round(1000 * (c1 - c0) / max(1, s1 - s0), 2),
             "engines_per_core_estimate": int(rate / cpu_share) if cpu_share > 0 else None,
+            "collector_rss_mb": round(rss_mb),
             "sustained": rate >= 0.97 * n and cpu_share < 0.95}
 
 
@@ -224,6 +232,16 @@ def bench_queries(runs: int, db_path: Path, raw_hours: float, rollup_days: float
         points[f"{label}_points_per_series"] = max(len(s["ts"]) for s in r["series"])
         points[f"{label}_resolution"] = f"{r['resolution']} / {r['bucket_s']:g} s"
         assert len(f["series"]) == 8
+    # Baseline in the same run: the 24 h view of one engine read from raw samples (what a query
+    # without rollups has to do), 15 s buckets.
+    base = []
+    for _ in range(min(runs, 3)):
+        with db.connect() as conn:
+            t_b = time.perf_counter()
+            queries.series_range(conn, signals=ENGINE_VIEW, start_ts=end - 86400.0, end_ts=end,
+                                 target_ids=[engine_ids[0]], resolution="raw")
+            base.append(time.perf_counter() - t_b)
+    results["engine_view_24h_from_raw_baseline_ms"] = median_ms(base)
     with db.connect() as conn:
         t = [0.0] * runs
         for i in range(runs):
@@ -257,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1. vLLM 0.33 page: parse full page {ps['parse_full_page_ms']:.2f} ms (baseline) vs filtered "
           f"{ps['parse_filtered_ms']:.2f} ms ({ps['parse_full_page_ms'] / ps['parse_filtered_ms']:.1f}x); "
           f"parse+store {ps['parse_store_single_ms']:.2f} ms per scrape (own transaction), "
-          f"{ps['parse_store_batched_ms']:.2f} ms batched 200/transaction")
+          f"{ps['parse_store_batched_ms']:.2f} ms batched 200/transaction (of which store "
+          f"{ps['store_batched_ms']:.3f} ms)")
     if not args.skip_fleet:
         out["fleet"] = []
         for n in fleet_sizes:
@@ -265,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             out["fleet"].append(f)
             print(f"2. fleet of {n} engines at 1 s, collector pinned to one CPU: {f['scrapes_per_s']} scrapes/s "
                   f"({f['achieved_fraction']:.0%} of target), CPU {f['collector_cpu_share']:.0%} of one core, "
-                  f"{f['cpu_ms_per_scrape']} ms CPU/scrape -> ~{f['engines_per_core_estimate']} engines per core; "
+                  f"{f['cpu_ms_per_scrape']} ms CPU/scrape -> ~{f['engines_per_core_estimate']} engines per core, "
+                  f"RSS {f['collector_rss_mb']} MB; "
                   f"sustained: {f['sustained']}")
     q = bench_queries(args.runs, Path(args.db), raw_hours, rollup_days)
     out["queries"] = q
@@ -275,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {label} engine view (6 signals + latest): {q[f'engine_view_{label}_ms']:.1f} ms, "
               f"{q[f'{label}_points_per_series']} points/series ({q[f'{label}_resolution']}); "
               f"hit ratio of 8 engines: {q[f'fleet_hit_ratio_{label}_ms']:.1f} ms")
+    print(f"   baseline: the 24h engine view from raw samples (no rollups): "
+          f"{q['engine_view_24h_from_raw_baseline_ms']:.0f} ms "
+          f"({q['engine_view_24h_from_raw_baseline_ms'] / q['engine_view_24h_ms']:.0f}x slower)")
     print(f"   latest signals of every target: {q['latest_signals_all_ms']:.1f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

@@ -41,11 +41,13 @@ from bench.build_bench_db import build_bench_db  # noqa: E402
 
 OUT = REPO / "bench" / "out"
 CAPTURE = REPO / "tests" / "fixtures" / "engine-metrics" / "vllm-0.33.0-statlogger.prom"
+SPANS = {"15m": 900.0, "24h": 86400.0, "7d": 7 * 86400.0}
 WAITING_RE = re.compile(r"^(vllm:num_requests_waiting\{[^}]*\}) \S+$", re.MULTILINE)
 
 
 # ------------------------------------------------------------------------------------ build time
-def engine_page_times(url: str, engine: str, ranges: list[str], runs: int) -> dict[str, Any]:
+def engine_page_times(url: str, engine: str, ranges: list[str], runs: int, end_ts: float) -> dict[str, Any]:
+    """Each range ends at the database's newest sample (`?at=` centres the window; the page clips it)."""
     os.environ.update({"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "1e9", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9"})
     import streamlit as st
     from streamlit.testing.v1 import AppTest
@@ -62,6 +64,7 @@ def engine_page_times(url: str, engine: str, ranges: list[str], runs: int) -> di
             at.switch_page("pages/engine_page.py")
             at.query_params["engine"] = engine
             at.query_params["range"] = label
+            at.query_params["at"] = str(end_ts - SPANS[label] / 2)
             st.cache_data.clear()
             started, cpu = time.perf_counter(), time.process_time()
             at.run()
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_build_time:
         info = build_bench_db(url, engines=2, sidecars=2)
         result["bench_db"] = {k: info.get(k) for k in ("series", "raw_rows", "rollup_rows")}
-        result["engine_page"] = engine_page_times(url, "engine-0", ["15m", "24h", "7d"], args.runs)
+        result["engine_page"] = engine_page_times(url, "engine-0", ["15m", "24h", "7d"], args.runs,
+                                                  float(info["end_ts"]))
         result["engine_page_queries_ms"] = query_times(url, args.runs)
     if not args.skip_freshness:
         result["freshness"] = freshness(args.trials)

@@ -27,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -58,7 +59,7 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 @contextmanager
 def process(cmd: list[str], ready: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **(env or {})})
     try:
@@ -75,6 +76,11 @@ def process(cmd: list[str], ready: str, env: dict[str, str] | None = None) -> It
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kib(pid: int) -> int:
@@ -226,7 +232,8 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
         async def held_count() -> int:
             return int((await client.get("/state")).json()["backlog"]["held_requests"])
 
-        async def hold_all(ids: list[str], expect: int) -> tuple[list[Conn], list[asyncio.Future[Any]], float]:
+        async def hold_all(ids: list[str]) -> tuple[list[Conn], list[asyncio.Future[Any]], float, int]:
+            """Send every session's next turn; wait until each is either held or answered."""
             conns = [Conn("127.0.0.1", sidecar_port) for _ in ids]
             for c in conns:
                 await c.open()
@@ -234,9 +241,11 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
             tasks = [asyncio.ensure_future(c.request("POST", "/v1/chat/completions", chat_body(i),
                                                      {"x-session-id": sid}))
                      for i, (c, sid) in enumerate(zip(conns, ids, strict=True))]
-            while await held_count() < expect:
+            while True:
+                held = await held_count()
+                if held + sum(1 for t in tasks if t.done()) >= len(ids):
+                    return conns, tasks, time.perf_counter() - t0, held
                 await asyncio.sleep(0.1)
-            return conns, tasks, time.perf_counter() - t0
 
         assert (await client.put("/control/budgeter", headers=auth, json={"mode": "off"})).status_code == 200
         manual = [f"manual-{i}" for i in range(n)]
@@ -245,7 +254,7 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
             assert (await limited(client.post(f"/control/sessions/{sid}/park", headers=auth))).status_code == 200
         await asyncio.sleep(1.5)
         rss_before = rss_kib(sidecar_pid)
-        conns, tasks, t_held = await hold_all(manual, n)
+        conns, tasks, t_held, _ = await hold_all(manual)
         await asyncio.sleep(1.0)
         rss_held = rss_kib(sidecar_pid)
         state_t0 = time.perf_counter()
@@ -260,12 +269,12 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
         for c in conns:
             c.close()
 
+        await asyncio.gather(*(limited(client.delete(f"/sessions/{sid}")) for sid in manual))
         auto = [f"auto-{i}" for i in range(n)]
         await asyncio.gather(*(limited(first_turn(sid, i)) for i, sid in enumerate(auto)))
         r = await client.put("/control/budgeter", headers=auth, json={"mode": "budgeter-park"})
         assert r.status_code == 200
-        park_set = int((await client.get("/state")).json()["budgeter"]["park_set"])
-        conns, tasks, t_auto_held = await hold_all(auto, park_set)
+        conns, tasks, t_auto_held, park_set = await hold_all(auto)
         t2 = time.perf_counter()
         assert (await client.put("/control/budgeter", headers=auth, json={"mode": "off"})).status_code == 200
         results = await asyncio.gather(*tasks)
@@ -292,6 +301,8 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=5.0, help="seconds per run at 50 clients")
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--parked", type=int, default=2000)
+    p.add_argument("--engine-transport", default="fast", choices=["fast", "httpcore"],
+                   help="the sidecar's transport to the engine (httpcore: httpx's default, for comparison)")
     args = p.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -301,7 +312,7 @@ def main() -> None:
     engine_cmd = [PYTHON, "-m", "sidecar.stub_engine", "--port", str(engine_port)]
     sidecar_cmd = [PYTHON, "-m", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}", "--port",
                    str(sidecar_port), "--state-db", str(tmp / "sidecar.db"), "--pool-tokens", "100000000",
-                   "--log-level", "warning"]
+                   "--log-level", "warning", "--engine-transport", args.engine_transport]
     results: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -317,8 +328,13 @@ def main() -> None:
                                                warmup=0.2))
                 add(f"{target}_1_p50_ms", pct(lat, 0.5) * 1000)
                 add(f"{target}_1_p99_ms", pct(lat, 0.99) * 1000)
+                cpu0 = cpu_seconds(sidecar.pid)
                 lat, rps, err50 = asyncio.run(load(port, args.clients, requests_per_client=None,
                                                    duration=args.duration))
+                if target == "sidecar":
+                    # CPU of the sidecar process per request (warm-up included in both numbers)
+                    add("sidecar_cpu_ms_per_request", (cpu_seconds(sidecar.pid) - cpu0) * 1000
+                        / max(1, len(lat) + int(rps * 0.3)))
                 add(f"{target}_50_p50_ms", pct(lat, 0.5) * 1000)
                 add(f"{target}_50_p99_ms", pct(lat, 0.99) * 1000)
                 add(f"{target}_50_rps", rps)
@@ -338,17 +354,19 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print()
-    print(f"sidecar benchmark: {args.runs} runs, medians (1 client: {args.single_requests} requests/run; "
+    print(f"sidecar benchmark (engine transport: {args.engine_transport}): {args.runs} runs, medians (1 client: {args.single_requests} requests/run; "
           f"{args.clients} clients: {args.duration:g} s/run); one uvicorn worker; {os.cpu_count()} CPUs")
     print(f"{'':28}{'direct':>10}{'sidecar':>10}{'added':>10}{'ratio':>8}")
     for key, label in (("1_p50_ms", "1 client p50 (ms)"), ("1_p99_ms", "1 client p99 (ms)"),
-                       (f"50_p50_ms", f"{args.clients} clients p50 (ms)"),
-                       (f"50_p99_ms", f"{args.clients} clients p99 (ms)")):
+                       ("50_p50_ms", f"{args.clients} clients p50 (ms)"),
+                       ("50_p99_ms", f"{args.clients} clients p99 (ms)")):
         d, s = med[f"direct_{key}"], med[f"sidecar_{key}"]
         print(f"{label:28}{d:10.3f}{s:10.3f}{s - d:10.3f}{s / d:8.2f}")
     d, s = med["direct_50_rps"], med["sidecar_50_rps"]
     print(f"{f'{args.clients} clients requests/s':28}{d:10.0f}{s:10.0f}{'':10}{s / d:8.2f}")
     print(f"errors: direct {med['direct_errors']:.0f}, sidecar {med['sidecar_errors']:.0f} (median per run)")
+    print(f"sidecar CPU per proxied request at {args.clients} clients: {med['sidecar_cpu_ms_per_request']:.2f} ms "
+          f"(capacity of one worker on one free core: ~{1000 / med['sidecar_cpu_ms_per_request']:.0f} requests/s)")
     print(f"targets: added p50 at 1 client <= 1 ms: {med['sidecar_1_p50_ms'] - med['direct_1_p50_ms']:.3f} ms; "
           f">= 300 requests/s at 50 clients: {med['sidecar_50_rps']:.0f}")
     print("reference (issue 4, same kind of machine and stub): LiteLLM proxy 1 worker ~13 ms added, ~90 req/s; "

@@ -111,6 +111,7 @@ def run_main(argv: list[str]) -> int:
         print(f"error: cannot open or migrate the database at "
               f"{engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
+    log.info("database %s (schema at the newest revision)", engine.url.render_as_string(hide_password=True))
     collector = Collector(config, engine, config_path=args.config, cli_engines=args.engine,
                           cli_sidecars=args.sidecar)
     if args.once:
@@ -125,7 +126,11 @@ def run_main(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "status":
-        return status_main(argv[1:])
+        try:
+            return status_main(argv[1:])
+        except BrokenPipeError:  # `... status | head`
+            sys.stderr.close()
+            return 0
     return run_main(argv)
 
 

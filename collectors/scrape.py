@@ -68,6 +68,7 @@ def _describe(exc: Exception, url: str, timeout_s: float) -> str:
 def fetch_text(client: httpx.Client, url: str, *, timeout_s: float, max_bytes: int,
                headers: dict[str, str] | None = None) -> str:
     """GET `url` and return its body as text; raises ScrapeError with the reason."""
+    deadline = time.monotonic() + 2 * timeout_s  # per-read timeouts alone let a trickling server hang a job
     try:
         with client.stream("GET", url, timeout=timeout_s, headers=headers) as response:
             if response.status_code != 200:
@@ -80,6 +81,8 @@ def fetch_text(client: httpx.Client, url: str, *, timeout_s: float, max_bytes: i
             size = 0
             for chunk in response.iter_bytes():
                 size += len(chunk)
+                if time.monotonic() > deadline:
+                    raise ScrapeError(f"{url} is sending its page too slowly (over {2 * timeout_s:g} s): not scraped")
                 if size > max_bytes:
                     raise ScrapeError(f"page from {url} is larger than {max_bytes} bytes: not scraped "
                                       "(raise [collector] max_page_bytes if this is expected)")
@@ -131,7 +134,11 @@ class EngineScraper:
             text = fetch_text(client, self.url + "/metrics", timeout_s=self.timeout_s, max_bytes=self.max_page_bytes)
             page = em.parse_engine_metrics(text, self.target.kind)
             if not page.engines:
-                raise ScrapeError(f"{self.url}/metrics: {'; '.join(page.warnings) or 'no engine metrics'}")
+                hint = ""
+                looks_like = em.detect_kind(text)
+                if self.target.kind not in ("auto", looks_like) and looks_like != "unknown":
+                    hint = f" (configured kind {self.target.kind!r}, but the page looks like {looks_like!r})"
+                raise ScrapeError(f"{self.url}/metrics: {'; '.join(page.warnings) or 'no engine metrics'}{hint}")
         except (ScrapeError, em.MetricsPageError) as exc:
             message = str(exc)
             if isinstance(exc, em.MetricsPageError):

@@ -12,6 +12,7 @@ Threads:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import random
@@ -25,6 +26,7 @@ from typing import Any
 import httpx
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import Engine
 
@@ -38,6 +40,10 @@ log = logging.getLogger(__name__)
 
 Scraper = EngineScraper | SidecarScraper
 MAINTENANCE_EVERY_S = 60.0
+FAST_WORKERS = 32
+SLOW_WORKERS = 512
+SLOW_FRACTION = 0.5  # a scrape taking over half its interval (or timing out) marks the target slow
+FAST_AGAIN_AFTER = 10  # consecutive quick scrapes before a slow target goes back to the shared pool
 REPEAT_ERROR_LOG_S = 60.0
 
 
@@ -64,6 +70,8 @@ class Collector:
         self._last_error_log: dict[str, tuple[str, float]] = {}
         self.skipped_runs = 0
         self.engine_labels: dict[str, tuple[str, ...]] = {}
+        self._slow: set[str] = set()
+        self._quick_streak: dict[str, int] = {}
         self.scrapes_done = 0
         self.config = config
         self.apply_config(config)
@@ -73,7 +81,7 @@ class Collector:
     def apply_config(self, config: CollectorConfig) -> None:
         """Install a (new) target list: targets added get scrapers and jobs, removed ones lose them."""
         if self.evaluator.settings != config.alerts:
-            self.evaluator.settings = config.alerts
+            self.evaluator.update_settings(config.alerts)
         self.config = config
         self.store.sync_targets(config)
         wanted: dict[str, Any] = {e.url: e for e in config.engines}
@@ -100,9 +108,12 @@ class Collector:
             row = health.get(url)
             if url in self.evaluator.health or row is None or row["last_scrape_ts"] is None:
                 continue
-            # A restarted collector carries on from the stored scrape history, so a target that was
-            # down stays down (its open alert is neither resolved nor re-fired by the restart).
+            # A restarted collector carries on from the stored scrape history of failing targets, so a
+            # target that was down stays down (its open alert is neither resolved nor re-fired by the
+            # restart). Healthy ones start fresh: the collector's own downtime is not stale data.
             failures = int(row["consecutive_failures"] or 0)
+            if not failures:
+                continue
             self.evaluator.health[url] = TargetHealth(
                 last_attempt_ts=row["last_scrape_ts"], last_attempt_ok=bool(row["up"]),
                 last_success_ts=row["last_success_ts"], consecutive_failures=failures,
@@ -148,7 +159,8 @@ class Collector:
         import datetime as dt
 
         self.scheduler.add_job(self.scrape_target, "interval", seconds=scraper.interval_s, args=[url], id=f"scrape:{url}",
-                               next_run_time=dt.datetime.fromtimestamp(first, dt.UTC), replace_existing=True)
+                               next_run_time=dt.datetime.fromtimestamp(first, dt.UTC), replace_existing=True,
+                               executor="slow" if url in self._slow else "default")
 
     def _remove_job(self, url: str) -> None:
         if self.scheduler is not None and self.scheduler.get_job(f"scrape:{url}") is not None:
@@ -165,8 +177,29 @@ class Collector:
             return
         if self._stop.is_set():
             return  # shutting down: the client was closed under this scrape, its failure is not data
+        self._place(url, scraper, outcome)
         self._log_outcome(outcome)
         self.queue.put(outcome)
+
+    def _place(self, url: str, scraper: Scraper, outcome: ScrapeOutcome) -> None:
+        """Move a target's job between the shared pool and the slow pool."""
+        if self.scheduler is None:
+            return
+        slow = outcome.duration_s > SLOW_FRACTION * scraper.interval_s or (
+            not outcome.ok and ("timeout" in (outcome.error or "") or "too slowly" in (outcome.error or "")))
+        job_id = f"scrape:{url}"
+        if slow:
+            self._quick_streak[url] = 0
+            if url not in self._slow:
+                self._slow.add(url)
+                with contextlib.suppress(JobLookupError):
+                    self.scheduler.modify_job(job_id, executor="slow")
+        elif url in self._slow:
+            self._quick_streak[url] = self._quick_streak.get(url, 0) + 1
+            if self._quick_streak[url] >= FAST_AGAIN_AFTER:
+                self._slow.discard(url)
+                with contextlib.suppress(JobLookupError):
+                    self.scheduler.modify_job(job_id, executor="default")
 
     def _log_outcome(self, outcome: ScrapeOutcome) -> None:
         previous = self._last_error_log.get(outcome.url)
@@ -245,6 +278,9 @@ class Collector:
         raw, roll = self.store.retention(self.config.raw_retention_s, self.config.rollup_retention_s)
         elapsed = time.perf_counter() - started
         log.debug("maintenance: %d rollup rows, %d raw and %d rollup rows expired in %.2f s", rolled, raw, roll, elapsed)
+        self.queue_acks()
+
+    def queue_acks(self) -> None:
         notify.queue_acknowledgements(self.engine, self.config.webhooks, now=self.clock())
 
     def _writer_loop(self) -> None:
@@ -287,9 +323,12 @@ class Collector:
 
     def run(self) -> None:
         """Run until SIGTERM/SIGINT."""
-        workers = min(256, max(8, 2 * len(self.scrapers) + 8))
+        # Few threads for healthy targets (hundreds of threads competing for the GIL cost more CPU per
+        # scrape than they save), many for slow ones: a target that timed out or answered slowly moves
+        # to the "slow" pool, where it waits without holding up anybody else's scrape.
         self.scheduler = BlockingScheduler(
-            executors={"default": ThreadPoolExecutor(workers)},
+            executors={"default": ThreadPoolExecutor(FAST_WORKERS),
+                       "slow": ThreadPoolExecutor(min(SLOW_WORKERS, max(8, len(self.scrapers) + 8)))},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": 5},
             timezone="UTC")
 
@@ -303,6 +342,7 @@ class Collector:
         self.scheduler.add_job(lambda: self.submit(self.heartbeat), "interval", seconds=interval, id="heartbeat")
         self.scheduler.add_job(lambda: self.submit(self.sweep_alerts), "interval", seconds=1.0, id="alerts")
         self.scheduler.add_job(self._deliver, "interval", seconds=1.0, id="notify")
+        self.scheduler.add_job(lambda: self.submit(self.queue_acks), "interval", seconds=5.0, id="acks")
         self.scheduler.add_job(lambda: self.submit(self.maintenance), "interval", seconds=MAINTENANCE_EVERY_S,
                                id="maintenance")
         if self.watcher is not None:

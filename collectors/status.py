@@ -12,6 +12,7 @@ from core import signals as sig
 from db import queries
 
 TARGET_LEVEL = (sig.UP, sig.SCRAPE_DURATION_S)
+STALE_AFTER_S = 30.0
 
 
 def status_rows(conn: Connection, *, now: float | None = None) -> list[dict[str, Any]]:
@@ -52,6 +53,8 @@ def status_rows(conn: Connection, *, now: float | None = None) -> list[dict[str,
             row["last_error"] = t["last_error"]
             newest = entry.get("ts") or target_level.get("ts")
             row["age_s"] = None if newest is None else round(now - newest, 1)
+            # No fresh data although the last scrape did not fail: the collector is not running or stuck.
+            row["stale"] = row["age_s"] is None or row["age_s"] > max(STALE_AFTER_S, 5 * (t["interval_s"] or 1.0))
             out.append(row)
     return out
 
@@ -76,7 +79,8 @@ def render_table(rows: list[dict[str, Any]], heartbeat: list[dict[str, Any]], no
     header = ("TARGET", "KIND", "ENGINE", "UP", "R_t", "KV", "RUN", "WAIT", "AGE", "ALERTS")
     table = [header]
     for r in rows:
-        table.append((r["target"], r["kind"] or "-", r["engine"] or "-", "up" if r["up"] else "DOWN",
+        state = ("STALE" if r["stale"] else "up") if r["up"] else "DOWN"
+        table.append((r["target"], r["kind"] or "-", r["engine"] or "-", state,
                       _fmt(r["token_weighted"], True), _fmt(r["kv_usage"], True), _fmt(r["requests_running"]),
                       _fmt(r["requests_waiting"]), "-" if r["age_s"] is None else f"{r['age_s']:.0f}s",
                       ",".join(a["rule"] for a in r["alerts"]) or "-"))

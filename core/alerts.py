@@ -49,7 +49,8 @@ Rules (defaults in `AlertSettings`):
        ``collapse_backlog_growth`` (2) — or, once the alert is firing, backlog has not fallen.
 
     Each window needs samples covering at least half of W, else the rule says ``None``. The
-    condition must hold for ``collapse_for_s`` (15 s) to fire. It resolves when the hit-ratio mean
+    condition must hold for ``collapse_for_s`` (15 s) to fire (it is judged every
+    ``collapse_eval_every_s``, 5 s, per key: a 5-minute window does not change faster). It resolves when the hit-ratio mean
     over W is back to at least ``collapse_recover_hit`` (0.5) and backlog is not growing, held for
     ``collapse_clear_s`` (30 s). Parking sessions (which empties the pool of stale prefixes) is
     what makes this happen; stopping arrivals alone does not.
@@ -78,6 +79,13 @@ SEVERITY: dict[str, str] = {
 
 Key = tuple[str, str]  # (target URL, engine label)
 
+# The only signals the rules read: histories keep nothing else (memory per target stays small).
+RULE_SIGNALS = frozenset({
+    sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED, sig.DIVERGENCE, sig.ENGINE_HIT_RATIO, sig.TURNS_PER_S,
+    sig.GENERATION_TOKENS_PER_S, sig.SESSIONS_IN_SYSTEM, sig.REQUESTS_RUNNING, sig.REQUESTS_WAITING,
+    sig.DEMAND_FRACTION, sig.DEMAND_TOKENS, sig.POOL_TOKENS, sig.BAND_HIGH,
+})
+
 
 @dataclass(frozen=True)
 class AlertSettings:
@@ -104,7 +112,7 @@ class AlertSettings:
     collapse_backlog_growth: float = 2.0
     collapse_for_s: float = 15.0
     collapse_clear_s: float = 30.0
-    collapse_eval_every_s: float = 1.0
+    collapse_eval_every_s: float = 5.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -203,7 +211,10 @@ class History:
         self.points: deque[tuple[float, dict[str, float]]] = deque()
 
     def add(self, ts: float, values: Mapping[str, float | None]) -> None:
-        clean = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
+        clean = {k: float(v) for k, v in values.items()
+                 if k in RULE_SIGNALS and v is not None and math.isfinite(v)}
+        if not clean:
+            return
         if self.points and ts <= self.points[-1][0]:
             self.points[-1][1].update(clean)  # same instant (engine + sidecar merged): combine
         else:
@@ -322,8 +333,7 @@ class AlertEvaluator:
 
     def __init__(self, settings: AlertSettings | None = None) -> None:
         self.settings = settings or AlertSettings()
-        keep = max(self.settings.collapse_window_s * 2, 600.0)
-        self._keep = keep
+        self._keep = self.settings.collapse_window_s + 30.0
         self.histories: dict[Key, History] = {}
         self.trackers: dict[tuple[str, Key], RuleTracker] = {}
         self.references: dict[Key, CollapseReference] = {}
@@ -371,6 +381,15 @@ class AlertEvaluator:
             return True
         return False
 
+    def update_settings(self, settings: AlertSettings) -> None:
+        """New thresholds and durations (a config reload); alerts in progress keep their state."""
+        self.settings = settings
+        self._keep = settings.collapse_window_s + 30.0
+        for history in self.histories.values():
+            history.keep_s = self._keep
+        for (rule, _key), tracker in self.trackers.items():
+            tracker.for_s, tracker.clear_s = self._durations(rule)
+
     def restore_firing(self, rule: str, key: Key) -> None:
         """Mark (rule, key) as already firing (an open alert found in the database at start-up)."""
         self._tracker(rule, key).firing = True
@@ -382,17 +401,19 @@ class AlertEvaluator:
 
     # -- evaluation ---------------------------------------------------------------------------
 
+    def _durations(self, rule: str) -> tuple[float, float]:
+        s = self.settings
+        return {
+            "target-down": (s.down_for_s, s.up_for_s), "stale-data": (0.0, 0.0),
+            "thin-reuse": (s.thin_reuse_for_s, s.thin_reuse_clear_s),
+            "demand-over-band": (s.demand_for_s, s.demand_clear_s),
+            "compaction-in-thin-reuse": (0.0, 0.0), "collapse": (s.collapse_for_s, s.collapse_clear_s),
+        }[rule]
+
     def _tracker(self, rule: str, key: Key) -> RuleTracker:
         tracker = self.trackers.get((rule, key))
         if tracker is None:
-            s = self.settings
-            durations = {
-                "target-down": (s.down_for_s, s.up_for_s), "stale-data": (0.0, 0.0),
-                "thin-reuse": (s.thin_reuse_for_s, s.thin_reuse_clear_s),
-                "demand-over-band": (s.demand_for_s, s.demand_clear_s),
-                "compaction-in-thin-reuse": (0.0, 0.0), "collapse": (s.collapse_for_s, s.collapse_clear_s),
-            }[rule]
-            tracker = self.trackers[(rule, key)] = RuleTracker(*durations)
+            tracker = self.trackers[(rule, key)] = RuleTracker(*self._durations(rule))
         return tracker
 
     def _collapse_due(self, key: Key, now: float) -> bool:

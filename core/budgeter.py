@@ -56,6 +56,8 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -186,6 +188,9 @@ class Budgeter:
     _unsessioned: dict[str, int] = field(default_factory=dict, repr=False)
     _latencies: deque[float] = field(default_factory=deque, repr=False)
     _turns_since_admit: int = field(default=0, repr=False)
+    # Kept up to date by _edit(), so a turn costs O(1) until parking is actually needed.
+    _admitted_demand: int = field(default=0, repr=False)
+    _counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SESSION_STATES, 0), repr=False)
 
     # ----------------------------------------------------------------- settings
     def set_config(self, config: BudgeterConfig) -> None:
@@ -198,8 +203,7 @@ class Budgeter:
 
     # ------------------------------------------------------------------ queries
     def demand_tokens(self) -> int:
-        admitted = sum(s.demand_tokens for s in self._sessions.values() if s.state == ADMITTED)
-        return admitted + sum(self._unsessioned.values())
+        return self._admitted_demand + sum(self._unsessioned.values())
 
     def sessions(self) -> list[SessionState]:
         return [copy.copy(s) for s in self._sessions.values()]
@@ -214,10 +218,7 @@ class Budgeter:
         return session_id in self._sessions
 
     def counts(self) -> dict[str, int]:
-        result = dict.fromkeys(SESSION_STATES, 0)
-        for s in self._sessions.values():
-            result[s.state] += 1
-        return result
+        return dict(self._counts)
 
     def held_sessions(self) -> list[str]:
         return [s.id for s in self._sessions.values() if s.held]
@@ -233,6 +234,8 @@ class Budgeter:
     def park_set(self) -> list[str]:
         """Admitted sessions that would be parked at their next turn boundary, newest first."""
         mode = self.config.mode
+        if not self._parking_needed():
+            return []
         candidates = sorted(
             (s for s in self._sessions.values() if s.state == ADMITTED and not s.pinned),
             key=lambda s: (s.admitted_at or 0.0, s.id), reverse=True)
@@ -258,6 +261,18 @@ class Budgeter:
             return [s.id for s in candidates[:max(1, math.ceil(len(candidates) / 4))]]
         return []
 
+    def _parking_needed(self) -> bool:
+        mode = self.config.mode
+        if mode == "budgeter-park":
+            bands = self.band_tokens()
+            return bands is not None and self.demand_tokens() > bands[1]
+        if mode == "session-cap-park":
+            return self._counts[ADMITTED] > self.config.session_cap
+        if mode == "latency-park":
+            latency = self.recent_latency_s()
+            return latency is not None and latency > self.config.latency_limit_s
+        return False
+
     # ------------------------------------------------------------------- events
     def request_turn(self, session_id: str, now: float, prompt_tokens: int,
                      output_budget: int | None = None) -> Decision:
@@ -271,26 +286,30 @@ class Budgeter:
             queue_empty = not self._queue()
             admit = self.config.mode == "off" or (queue_empty and self._may_admit(s))
             self._sessions[session_id] = s
-            if admit:
-                self._admit(s, now)
-                s.inflight += 1
-                return "forward"
-            s.held = True
-            return "hold"
+            self._counts[WAITING] += 1
+            with self._edit(s):
+                if admit:
+                    self._admit(s, now)
+                    s.inflight += 1
+                else:
+                    s.held = True
+            return "forward" if admit else "hold"
         s.last_activity = now
-        if s.inflight > 0:
-            s.inflight += 1
-            s.inflight_prompt = max(s.inflight_prompt, prompt_tokens)
-            return "forward"
-        s.inflight_prompt = prompt_tokens
-        s.output_budget = budget
+        with self._edit(s):
+            if s.inflight > 0:
+                s.inflight += 1
+                s.inflight_prompt = max(s.inflight_prompt, prompt_tokens)
+                return "forward"
+            s.inflight_prompt = prompt_tokens
+            s.output_budget = budget
         if s.state != ADMITTED:
             s.held = True
             return "hold"
-        if session_id in self.park_set():
-            s.state = PARKED
-            s.parked_since = now
-            s.held = True
+        if self._parking_needed() and session_id in self.park_set():
+            with self._edit(s):
+                s.state = PARKED
+                s.parked_since = now
+                s.held = True
             return "hold"
         s.inflight += 1
         return "forward"
@@ -303,8 +322,12 @@ class Budgeter:
             return  # nothing of this session was forwarded (e.g. before a restart)
         s.inflight -= 1
         s.last_activity = now
+        with self._edit(s):
+            if ok:
+                s.context_tokens = max(0, prompt_tokens) + max(0, completion_tokens)
+            if s.inflight == 0:
+                s.inflight_prompt = 0
         if ok:
-            s.context_tokens = max(0, prompt_tokens) + max(0, completion_tokens)
             s.turns += 1
             if latency_s is not None and math.isfinite(latency_s) and latency_s >= 0:
                 s.last_latency_s = latency_s
@@ -312,20 +335,26 @@ class Budgeter:
                 while len(self._latencies) > self.config.latency_window:
                     self._latencies.popleft()
                 self._turns_since_admit += 1
-        if s.inflight == 0:
-            s.inflight_prompt = 0
 
     def end_session(self, session_id: str, now: float) -> SessionState | None:
         """The session ended (explicitly or idle); it no longer counts anywhere."""
-        return self._sessions.pop(session_id, None)
+        s = self._sessions.pop(session_id, None)
+        if s is not None:
+            self._counts[s.state] -= 1
+            if s.state == ADMITTED:
+                self._admitted_demand -= s.demand_tokens
+        return s
 
     def release(self, now: float) -> list[str]:
         """Admit queued sessions that fit now, FIFO; returns those whose held turn must be forwarded."""
         forwarded: list[str] = []
+        if self._counts[PARKED] + self._counts[WAITING] == 0:
+            return forwarded
         for s in self._queue():
             if not self._may_admit(s):
                 break
-            self._admit(s, now)
+            with self._edit(s):
+                self._admit(s, now)
             if s.held:
                 s.held = False
                 s.inflight += 1
@@ -335,11 +364,12 @@ class Budgeter:
     def park(self, session_id: str, now: float, manual: bool = True) -> None:
         """Park a session: its next turn is held (one in flight finishes)."""
         s = self._get(session_id)
-        if s.state != PARKED:
-            s.parked_since = now
-        s.state = PARKED
-        s.manual = s.manual or manual
-        s.pinned = False
+        with self._edit(s):
+            if s.state != PARKED:
+                s.parked_since = now
+            s.state = PARKED
+            s.manual = s.manual or manual
+            s.pinned = False
 
     def unpark(self, session_id: str, now: float, pin: bool = False) -> bool:
         """Admit a session at once, even above the band. True when it had a turn held to forward."""
@@ -348,7 +378,8 @@ class Budgeter:
         s.pinned = s.pinned or pin
         if s.state == ADMITTED:
             return False
-        self._admit(s, now)
+        with self._edit(s):
+            self._admit(s, now)
         if s.held:
             s.held = False
             s.inflight += 1
@@ -389,7 +420,7 @@ class Budgeter:
         return {
             "config": self.config.to_dict(),
             "pool_tokens": self.pool_tokens,
-            "sessions": [asdict(s) for s in self._sessions.values()],
+            "sessions": [dict(vars(s)) for s in self._sessions.values()],
         }
 
     @classmethod
@@ -402,9 +433,27 @@ class Budgeter:
             s.inflight_prompt = 0
             s.held = False
             budgeter._sessions[s.id] = s
+            budgeter._counts[s.state] += 1
+            if s.state == ADMITTED:
+                budgeter._admitted_demand += s.demand_tokens
         return budgeter
 
     # ---------------------------------------------------------------- internals
+    @contextmanager
+    def _edit(self, s: SessionState) -> Iterator[None]:
+        """Every change to a session's state or demand goes through here, keeping the totals exact."""
+        state, demand = s.state, s.demand_tokens
+        try:
+            yield
+        finally:
+            if state != s.state:
+                self._counts[state] -= 1
+                self._counts[s.state] += 1
+            if state == ADMITTED:
+                self._admitted_demand -= demand
+            if s.state == ADMITTED:
+                self._admitted_demand += s.demand_tokens
+
     def _get(self, session_id: str) -> SessionState:
         try:
             return self._sessions[session_id]

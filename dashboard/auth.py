@@ -5,7 +5,8 @@ Everyone can view every page. Only a signed-in operator can act. Two ways in:
 - **Local operator passphrase** (`PREFIXOPS_OPERATOR_PASSPHRASE`): the person
   types their name and the passphrase; the passphrase is compared in constant
   time (digests of equal length through `hmac.compare_digest`). After
-  `MAX_FAILURES` wrong passphrases the form locks for `LOCKOUT_SECONDS`.
+  `MAX_FAILURES` wrong passphrases the form locks for `LOCKOUT_SECONDS`, in that
+  browser session and, for that name, in every session of the server process.
 - **OIDC** through `st.login` when `[auth]` is configured in
   `.streamlit/secrets.toml`; the identity (email, else sub) must be in
   `PREFIXOPS_OPERATOR_ALLOWLIST`. Signed in but not listed: viewer only.
@@ -101,6 +102,22 @@ def signed_out_reason(settings: Settings) -> str:
             "(set PREFIXOPS_OPERATOR_PASSPHRASE on the server).")
 
 
+@st.cache_resource(show_spinner=False)
+def _failures_by_name() -> dict[str, list[float]]:
+    """Wrong-passphrase times per sign-in name, across every browser session of this server process.
+
+    A new browser session starts with empty session state, so a per-session counter alone
+    would not slow down someone who simply reloads.
+    """
+    return {}
+
+
+def _recent_failures(name: str, now: float) -> list[float]:
+    times = [t for t in _failures_by_name().get(name.strip().lower(), []) if now - t < LOCKOUT_SECONDS]
+    _failures_by_name()[name.strip().lower()] = times
+    return times
+
+
 def try_passphrase_sign_in(settings: Settings, name: str, passphrase: str,
                            now: float | None = None) -> tuple[Operator | None, str]:
     """Check one sign-in attempt; on success the operator is stored in session state.
@@ -116,7 +133,10 @@ def try_passphrase_sign_in(settings: Settings, name: str, passphrase: str,
     problem = validate_name(name)
     if problem:
         return None, problem
+    if len(_recent_failures(name, now)) >= MAX_FAILURES:
+        return None, f"Too many wrong passphrases for {name.strip()}; try again in up to {LOCKOUT_SECONDS:.0f} s."
     if not passphrase_matches(passphrase, settings.operator_passphrase):
+        _recent_failures(name, now).append(now)
         failures = int(st.session_state.get(FAILURES_KEY, 0)) + 1
         st.session_state[FAILURES_KEY] = failures
         logger.warning("dashboard sign-in failed for %r (%d in a row)", name.strip(), failures)

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Connection, Engine, and_, case, cast, func, insert, or_, select, update
 from sqlalchemy.sql import ColumnElement
 
+from core import signals as sig
 from db.models import (
     Alert,
     AuditEntry,
@@ -159,6 +160,42 @@ def latest_signals(conn: Conn, *, target_ids: Sequence[int] | None = None,
         entry[row["signal"]] = values[row["id"]]
         entry["ts"] = max(entry["ts"] or 0.0, row["ts"])
     return sorted(grouped.values(), key=lambda e: (e["role"] or "", e["url"] or "", e["engine"] or ""))
+
+
+def target_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`latest_signals` rows of engines with several engine labels (data-parallel ranks) folded into
+    one row per target (``engine`` None): additive signals summed, ``engine_hit_ratio`` recomputed from
+    the summed hits and queries, ``kv_usage`` weighted by each label's pool. Other rows pass through."""
+    by_target: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_target.setdefault(row["target_id"], []).append(row)
+    out: list[dict[str, Any]] = []
+    for group in by_target.values():
+        labelled = [r for r in group if r["engine"] is not None]
+        if len(labelled) <= 1:
+            out.extend(group)
+            continue
+        total: dict[str, Any] = {k: labelled[0][k] for k in ("target_id", "url", "name", "role", "kind", "up")}
+        total["engine"] = None
+        total["engines"] = sorted(r["engine"] for r in labelled)
+        total["ts"] = max(r["ts"] for r in group)
+        for row in group:
+            if row["engine"] is None:
+                total.update({k: v for k, v in row.items() if k in sig.TARGET_SIGNALS})
+        for name in sig.ADDITIVE_SIGNALS:
+            values = [r[name] for r in labelled if r.get(name) is not None]
+            if values:
+                total[name] = sum(values)
+        hits, queries_ = total.get(sig.PREFIX_CACHE_HITS_PER_S), total.get(sig.PREFIX_CACHE_QUERIES_PER_S)
+        if hits is not None and queries_:
+            total[sig.ENGINE_HIT_RATIO] = min(1.0, max(0.0, hits / queries_))
+        weighted = [(r[sig.KV_USAGE], r.get(sig.POOL_TOKENS) or 0.0) for r in labelled if r.get(sig.KV_USAGE) is not None]
+        if weighted:
+            pool = sum(p for _, p in weighted)
+            total[sig.KV_USAGE] = (sum(u * p for u, p in weighted) / pool if pool
+                                   else sum(u for u, _ in weighted) / len(weighted))
+        out.append(total)
+    return out
 
 
 def latest_value(conn: Conn, target_id: int, signal: str, engine: str | None = None) -> tuple[float, float] | None:
@@ -472,5 +509,5 @@ __all__ = [
     "acknowledge_alert", "add_silence", "alerts", "audit", "choose_resolution", "compaction_decisions",
     "expire_silence", "heartbeat", "latest_signals", "latest_value", "open_alerts", "record_dashboard_action",
     "rollup_watermark", "series_frame", "series_list", "series_range", "sessions", "sidecar_state", "silences",
-    "subtrees", "targets", "target_by_url",
+    "subtrees", "target_totals", "targets", "target_by_url",
 ]

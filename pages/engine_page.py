@@ -116,6 +116,13 @@ def render(ref: q.EngineRef) -> None:
                     key="engine_hit_rates", width="stretch")
     left, right = st.columns(2)
     with left:
+        gauges = st.columns(2)
+        demand = _last(side, "demand_fraction")
+        usage = _last(eng, "kv_usage")
+        gauges[0].metric("KV demand / pool (sidecar)", "-" if demand is None else f"{demand:.0%}",
+                         help="sum over admitted sessions of context + output budget, over the engine's KV pool")
+        gauges[1].metric("Engine KV usage gauge", "-" if usage is None else f"{usage:.0%}",
+                         help="the engine's own gauge: idle sessions' cached prefixes count as free")
         st.plotly_chart(charts.kv_figure(frame, events, **common), key="engine_kv", width="stretch")
         st.caption("The engine's KV usage gauge (dotted) counts blocks of running requests only: idle sessions' "
                    "cached prefixes count as free, so it does not show cache residency. Demand is the sidecar's "
@@ -139,6 +146,11 @@ def render(ref: q.EngineRef) -> None:
         shown = events.sort_values("ts", ascending=False).copy()
         shown.insert(0, "time (UTC)", [fmt_ts(t) for t in shown["ts"]])
         st.dataframe(shown.drop(columns="ts"), hide_index=True, key="engine_events", width="stretch")
+
+
+def _last(frame: pd.DataFrame, signal: str) -> float | None:
+    part = frame[frame["signal"] == signal]
+    return None if part.empty else float(part.sort_values("ts")["value"].iloc[-1])
 
 
 def choose_window_now() -> TimeWindow:

@@ -47,7 +47,6 @@ def fleet_rows(engines: list[q.EngineRef], now: float) -> tuple[pd.DataFrame, di
         rows.append({
             "engine": ref.key,
             "state": status.badge,
-            "why": status.reason,
             "R_t": latest.value(s_id, "token_weighted"),
             "R_r": latest.value(s_id, "request_weighted"),
             "D": latest.value(s_id, "divergence"),
@@ -61,6 +60,7 @@ def fleet_rows(engines: list[q.EngineRef], now: float) -> tuple[pd.DataFrame, di
             "waiting": latest.summed(e_id, "requests_waiting"),
             "open alerts": len(rules),
             "last good scrape": age_text(now - last_ok) if last_ok else "never",
+            "why": status.reason,
         })
         labels = [lab for lab in latest.labels(e_id) if lab]
         if len(labels) > 1:
@@ -94,8 +94,13 @@ def fleet_panel() -> None:
         st.error(str(exc))
         return
     st.caption(f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
-               f"{settings.refresh_seconds:g} s. State precedence: down > stale > collapsed > thin-reuse > healthy.")
+               f"{settings.refresh_seconds:g} s. State precedence: down > stale > collapsed > thin-reuse > healthy; "
+               "numbers of a down or stale engine are its last known values (grey).")
+    old = {"DOWN", "STALE"}
     styled = (table.style.map(lambda v: f"background-color: {COLOR.get(v, '')}", subset=["state"])
+              .apply(lambda row: ["color: #9e9e9e; font-style: italic" if row["state"] in old and col not in
+                                  ("engine", "state", "why", "last good scrape") else "" for col in row.index],
+                     axis=1)
               .format({"R_t": "{:.2f}", "R_r": "{:.2f}", "D": "{:.2f}", "KV usage": "{:.0%}", "turns/s": "{:.2f}",
                        "in system": "{:.0f}", "parked": "{:.0f}", "running": "{:.0f}", "waiting": "{:.0f}"},
                       na_rep="-"))

@@ -480,7 +480,8 @@ def create_app(settings: Settings, *, store: Store | None = None,
                 return held
         else:
             request_id = f"u{next(request_ids)}"
-            cp.budgeter.add_unsessioned(request_id, prompt_estimate + (budget or 0))
+            cp.budgeter.add_unsessioned(
+                request_id, prompt_estimate + (cp.budgeter.config.default_output_budget if budget is None else budget))
             cp.unsessioned_in_flight += 1
             cp.counters.unsessioned_requests += 1
 
@@ -495,8 +496,11 @@ def create_app(settings: Settings, *, store: Store | None = None,
             finished = True
             cp.in_flight -= 1
             prompt, cached, completion = usage_numbers(usage)
-            cp.turn_done(session_id, prompt, cached, completion, time.monotonic() - started, ok and prompt is not None,
-                         subtree)
+            if ok and prompt is None:
+                # A success without usage (an engine that reports none): the turn counts, its cache use is
+                # unknown, and the prompt size is the estimate.
+                prompt, cached, completion = prompt_estimate, None, completion or 0
+            cp.turn_done(session_id, prompt, cached, completion, time.monotonic() - started, ok, subtree)
             if session_id is None:
                 cp.budgeter.remove_unsessioned(request_id)
                 cp.unsessioned_in_flight -= 1

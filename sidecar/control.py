@@ -420,6 +420,7 @@ class ControlPlane:
         self.persist_session(session_id)
         audit_id = self.audit(actor, role, "session.park", {"session": session_id}, before, after)
         log.info("session %r parked by %r", session_id, actor)
+        self.release()  # its demand left the total: queued sessions may fit now
         return after, audit_id
 
     def unpark(self, session_id: str, pin: bool, actor: str, role: str) -> tuple[dict[str, Any], int]:
@@ -484,7 +485,7 @@ class ControlPlane:
         stats = self.subtrees.stats(now)
         decisions = decide_compaction(targets, stats, regime=regime, urgency=urgency, now=now,
                                       deferred_until=deferred_until, policy=self.compaction_policy)
-        rows = [{
+        rows: list[dict[str, Any]] = [{
             "ts": now, "request_id": request_id, "subtree_id": d.subtree_id, "decision": d.decision,
             "reason": d.reason, "urgency": urgency, "regime": regime, "request_reason": reason,
             "warm": d.warm, "recent_hits": d.recent_hits, "recent_cached_tokens": d.recent_cached_tokens,
@@ -567,7 +568,7 @@ class ControlPlane:
         demand = self.budgeter.demand_tokens()
         cfg = self.budgeter.config
         acting = cfg.mode in ("session-cap-park", "latency-park", "off") or pool is not None
-        reuse = stats.as_dict()
+        reuse: dict[str, Any] = dict(stats.as_dict())
         reuse.update(regime=regime, window_s=self.window.window_s, regime_judged=self.regime.judged,
                      regime_enter=self.regime.config.enter, regime_exit=self.regime.config.exit,
                      regime_min_turns=self.regime.config.min_turns)

@@ -31,7 +31,7 @@ _NO_TIMEOUT = contextlib.nullcontext()
 
 def _timeout(seconds: float | None) -> contextlib.AbstractAsyncContextManager[object]:
     if seconds is None:
-        return _NO_TIMEOUT  # type: ignore[return-value]
+        return _NO_TIMEOUT
     return asyncio.timeout(seconds)
 
 

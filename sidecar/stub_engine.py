@@ -13,7 +13,8 @@ benchmark measures the sidecar, not the stub.
 - ``GET /v1/models``; an unknown ``model`` gets vLLM's 404 error.
 - ``GET /metrics``: ``vllm:cache_config_info`` with the pool size.
 - Test hooks: header ``x-stub-status: 500`` answers that status; ``x-stub-delay-ms``
-  delays the answer; ``x-stub-break: 1`` breaks a stream off midway.
+  delays the answer; ``x-stub-chunk-delay-ms`` paces stream chunks; ``x-stub-break: 1`` breaks a
+  stream off midway.
 
 Run: ``python -m sidecar.stub_engine --port 8000 [--pool-tokens 400000] [--delay-ms 0]``.
 """
@@ -136,9 +137,9 @@ class StubEngine:
             self.respond(writer, 200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             return
         if method == "GET" and path == "/v1/models":
-            body = {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+            models: dict[str, Any] = {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                 "owned_by": "stub", "root": self.model, "max_model_len": 131072}]}
-            self.respond(writer, 200, json.dumps(body).encode())
+            self.respond(writer, 200, json.dumps(models).encode())
             return
         if method == "GET" and path == "/health":
             self.respond(writer, 200, b"")
@@ -156,7 +157,7 @@ class StubEngine:
                 "code": int(status_hook)}}).encode())
             return
         try:
-            body = json.loads(raw)
+            body: Any = json.loads(raw)
             assert isinstance(body, dict)
         except (ValueError, AssertionError):
             self.respond(writer, 400, json.dumps({"error": {"message": "invalid JSON body",
@@ -202,6 +203,7 @@ class StubEngine:
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
         obj = "chat.completion.chunk" if chat else "text_completion"
+        chunk_delay = float(headers.get("x-stub-chunk-delay-ms", 0) or 0) / 1000.0
         extra = {"usage": None} if include_usage else {}
         for i, word in enumerate(words):
             if chat:
@@ -213,9 +215,12 @@ class StubEngine:
             else:
                 choice = {"index": 0, "text": ("" if i == 0 else " ") + word, "logprobs": None,
                           "finish_reason": "length" if i == n_out - 1 else None}
-            event = {"id": rid, "object": obj, "created": created, "model": self.model, "choices": [choice],
-                     **extra}
+            event: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": self.model,
+                                     "choices": [choice], **extra}
             chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+            if chunk_delay:
+                await writer.drain()
+                await asyncio.sleep(chunk_delay)
             if headers.get("x-stub-break") and i == n_out // 2:
                 await writer.drain()
                 writer.transport.abort()

@@ -12,7 +12,7 @@ log = logging.getLogger("simulator")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from simulator.config import CostModel, EngineConfig, apply_overrides, parse_set_args, SimConfig
+    from simulator.config import CostModel, EngineConfig, SimConfig, apply_overrides, parse_set_args
     from simulator.server import ServeConfig, serve_main
 
     try:

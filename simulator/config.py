@@ -95,6 +95,7 @@ class AgentWorkload:
     burst_rate: float = 0.0  # extra sessions/s during the burst window
     burst_start_min: float = 5.0
     burst_minutes: float = 5.0
+    burst_process: str = "poisson"  # "poisson" or "uniform" (evenly spaced extra arrivals)
     turns: int = 36
     system_prompt_tokens: int = 2000
     initial_context: int = 4600  # first turn's prompt, system prompt included
@@ -110,6 +111,8 @@ class AgentWorkload:
         _check(self.burst_rate >= 0, f"burst_rate must be >= 0, got {self.burst_rate!r}")
         _check(self.burst_minutes >= 0, f"burst_minutes must be >= 0, got {self.burst_minutes!r}")
         _check(self.turns >= 1, f"turns must be >= 1, got {self.turns!r}")
+        _check(self.burst_process in ("poisson", "uniform"),
+               f"burst_process must be poisson or uniform, got {self.burst_process!r}")
         _check(self.output_tokens >= 1, f"output_tokens must be >= 1, got {self.output_tokens!r}")
         _check(self.initial_context > self.system_prompt_tokens >= 0,
                f"initial_context ({self.initial_context!r}) must exceed system_prompt_tokens "

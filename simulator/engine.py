@@ -33,6 +33,7 @@ as hits). ``cached_tokens`` reported to the client is the first admission's.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import math
 from collections import deque
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 
 from simulator.config import CostModel, EngineConfig
 from simulator.content import Content
-from simulator.pool import Lookup, make_pool
+from simulator.pool import make_pool
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +173,11 @@ class Engine:
 
     # ------------------------------------------------------------------ inputs
     def add_request(self, req: Request) -> None:
-        if cdiv(req.prompt_tokens + 1, self.block_size) > self.pool.num_blocks:
+        if cdiv(req.prompt_tokens + req.max_tokens, self.block_size) > self.pool.num_blocks:
             raise RequestTooLong(
-                f"request {req.id} needs {req.prompt_tokens + 1} tokens of KV; the pool holds "
-                f"{self.pool.num_blocks * self.block_size}")
+                f"request {req.id} needs up to {req.prompt_tokens + req.max_tokens} tokens of KV "
+                f"({req.prompt_tokens} prompt + {req.max_tokens} max_tokens); the pool holds "
+                f"{self.pool.num_blocks * self.block_size}: lower max_tokens or raise the pool size")
         req.table = self.pool.new_table()
         req.status = WAITING
         self.waiting.append(req)
@@ -187,10 +189,8 @@ class Engine:
             self.running.remove(req)
             self.pool.free(req.table)
         elif req.status == WAITING:
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiting.remove(req)
-            except ValueError:
-                pass
         else:
             return
         req.status = ABORTED

@@ -222,8 +222,8 @@ def summarize_table3(results: Iterable[dict[str, Any]], runs: int, seed_base: in
 def _fmt_range(values: list[float]) -> str:
     if not values:
         return "—"
-    lo, hi = min(values), max(values)
-    return f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}–{hi:.2f}"
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def table3_markdown(data: dict[str, Any]) -> str:
@@ -239,10 +239,7 @@ def table3_markdown(data: dict[str, Any]) -> str:
     for row in [*CONTROLS, *BAND_VARIANTS]:
         d = data[row]
         times = [m for m in d["minutes_to_recover"] if m is not None]
-        if times:
-            t = f"median {statistics.median(times):g} (max {max(times)})"
-        else:
-            t = "—"
+        t = f"median {statistics.median(times):g} (max {max(times)})" if times else "—"
         hits = [h for h in d["end_hit_ratio"] if h is not None]
         lines.append(f"| {row} | {d['recovered_runs']}/{d['collapsed_runs']} | {t} | {_fmt_range(hits)} |")
     return "\n".join(lines) + "\n"

@@ -136,7 +136,10 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
     b1 = b0 + a.burst_minutes * 60.0
     t = b0
     burst_rng = random.Random(f"{seed}-burst")
-    while a.burst_rate > 0:
+    if a.burst_process == "uniform" and a.burst_rate > 0:
+        n_burst = int(round(a.burst_rate * (b1 - b0)))
+        arrivals.extend(t for k in range(n_burst) if (t := b0 + (k + burst_rng.random()) / a.burst_rate) < horizon)
+    while a.burst_rate > 0 and a.burst_process == "poisson":
         t += burst_rng.expovariate(a.burst_rate)
         if t >= min(b1, horizon):
             break

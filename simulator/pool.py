@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from itertools import islice, repeat
 from typing import Protocol
 
 import numpy as np
@@ -106,10 +105,7 @@ class _OffloadTier:
 class BlockTable:
     blocks: list[int]
     keyed: int = 0  # chain positions [0, keyed) have been considered for keying
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.blocks)
+    num_blocks: int = 0  # len(blocks), kept as a field: the scheduler reads it every step
 
 
 class BlockPool:
@@ -198,31 +194,41 @@ class BlockPool:
                                                           self.block_size)
         return result
 
-    def _pop_free(self, need: int) -> np.ndarray:
+    def _pop_free(self, need: int) -> list[int]:
         """The first ``need`` valid entries of the queue, in order (their blocks)."""
-        out: list[np.ndarray] = []
-        got = 0
         n = self.num_blocks
         q = self._q
-        while got < need:
-            k = max(64, 2 * (need - got))
-            chunk = np.array(q[self._head:self._head + k], dtype=np.int64)
-            blocks = chunk % n
-            valid = (self.ref[blocks] == 0) & (self.stamp[blocks] == chunk // n)
-            idx = np.flatnonzero(valid)
-            if len(idx) > need - got:
-                cut = idx[need - got]  # first valid entry not taken: the new head
-                idx = idx[:need - got]
-                self._head += int(cut)
-            else:
-                self._head += len(chunk)
-            taken = blocks[idx]
-            out.append(taken)
-            got += len(taken)
+        ref = self.ref
+        stamp = self.stamp
+        out: list[int] = []
+        if need <= 16:
+            # a few entries: scan them in Python; stale entries (touched blocks) fall to the numpy path
+            head = self._head
+            stop = min(len(q), head + 32)
+            while len(out) < need and head < stop:
+                e = q[head]
+                head += 1
+                b = e % n
+                if ref[b] == 0 and stamp[b] == e // n:
+                    out.append(b)
+            self._head = head
+        if len(out) < need:
+            while len(out) < need:
+                k = max(64, 2 * (need - len(out)))
+                chunk = np.array(q[self._head:self._head + k], dtype=np.int64)
+                blocks = chunk % n
+                idx = np.flatnonzero((ref[blocks] == 0) & (stamp[blocks] == chunk // n))
+                want = need - len(out)
+                if len(idx) > want:
+                    self._head += int(idx[want])  # the first valid entry not taken is the new head
+                    idx = idx[:want]
+                else:
+                    self._head += len(chunk)
+                out.extend(blocks[idx].tolist())
         if self._head > 4096 and self._head * 2 > len(q):
             del q[:self._head]
             self._head = 0
-        return np.concatenate(out) if len(out) > 1 else out[0]
+        return out
 
     def allocate(self, table: BlockTable, content: Content, hit: Lookup | None, total_blocks: int,
                  cacheable_blocks: int) -> bool:
@@ -244,24 +250,39 @@ class BlockPool:
             self._cached_free -= n_free_hits
             ref[arr] += 1
             table.blocks.extend(hit.blocks)
+            table.num_blocks = len(table.blocks)
             table.keyed = n_hit
         if need > 0:
             taken = self._pop_free(need)
             self._free -= need
-            mask = self.keyed[taken]
-            if mask.any():
-                evicted = taken[mask]
-                keys = self.key[evicted].tolist()
+            if need <= 16:
+                keyed = self.keyed
+                evicted = [b for b in taken if keyed[b]]
+                for b in taken:
+                    ref[b] = 1
+            else:
+                arr = np.array(taken, dtype=np.int64)
+                evicted = arr[self.keyed[arr]].tolist()
+                ref[arr] = 1
+            if evicted:
+                if len(evicted) <= 8:
+                    keys = [int(self.key[b]) for b in evicted]
+                    for b in evicted:
+                        self.keyed[b] = False
+                        self.key[b] = -1
+                else:
+                    ev = np.array(evicted, dtype=np.int64)
+                    keys = self.key[ev].tolist()
+                    self.keyed[ev] = False
+                    self.key[ev] = -1
                 deque(map(self.key_to_block.__delitem__, keys), 0)
-                self.keyed[evicted] = False
-                self.key[evicted] = -1
                 self._evictions += len(keys)
                 self._cached_free -= len(keys)
                 if self.offload.capacity > 0:
                     for k in keys:
                         self.offload.put(self.external_key(k))
-            ref[taken] = 1
-            table.blocks.extend(taken.tolist())
+            table.blocks.extend(taken)
+        table.num_blocks = len(table.blocks)
         self.cache_upto(table, content, cacheable_blocks)
         return True
 
@@ -281,9 +302,15 @@ class BlockPool:
                     continue
                 keys, bids = zip(*pairs, strict=True)  # type: ignore[assignment]
             k2b.update(zip(keys, bids, strict=True))
-            arr = np.array(bids, dtype=np.int64)
-            self.key[arr] = np.array(keys, dtype=np.int64)
-            self.keyed[arr] = True
+            if len(bids) <= 8:
+                key, keyed = self.key, self.keyed
+                for k, b in zip(keys, bids, strict=True):
+                    key[b] = k
+                    keyed[b] = True
+            else:
+                arr = np.array(bids, dtype=np.int64)
+                self.key[arr] = np.array(keys, dtype=np.int64)
+                self.keyed[arr] = True
         table.keyed = upto
 
     def free(self, table: BlockTable) -> None:
@@ -300,6 +327,7 @@ class BlockPool:
                 self._free += len(zero)
                 self._cached_free += int(np.count_nonzero(self.keyed[zero]))
         table.blocks = []
+        table.num_blocks = 0
         table.keyed = 0
 
     def reset(self) -> bool:

@@ -156,7 +156,7 @@ class FakeEngine(_Server):
         return "\n".join(lines) + "\n"
 
     def handle(self, path: str, query: dict[str, list[str]], headers: Any, mode: str) -> tuple[int, str, bytes]:
-        if path != "/metrics":
+        if not path.endswith("/metrics"):  # any prefix: one server can stand in for many targets
             return 404, "text/plain", b"not found"
         if mode == "slow":
             return 200, "text/plain", b"# too late\n"  # the client has given up; counters do not advance

@@ -165,9 +165,14 @@ def test_sidecar_entries_survive_collector_restart_without_duplicates(harness):
     h.sidecar.add_audit("budgeter.update")
     h.sidecar.add_decision("granted")
     h.tick(2)
-    # A new collector process on the same database starts from the stored cursors.
+    # A new collector process on the same database, ten minutes later, starts from the stored cursors,
+    # and its own downtime is not reported as the targets' stale data.
+    h.collector.client.close()
+    h.clock.t += 600.0
     second = Collector(h.collector.config, h.db, clock=h.clock)
     h.collector = second
+    second.sweep_alerts()
+    assert h.alerts("stale-data") == []
     h.sidecar.add_audit("park")
     h.tick(2)
     with h.db.connect() as conn:

@@ -9,7 +9,8 @@ import subprocess
 import time
 
 import pytest
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from db import make_engine
 from db.models import CollectorHeartbeat, Sample, Series, Target
@@ -29,11 +30,12 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
 
 def count_samples(db, url: str, signal_name: str) -> int:
     with db.connect() as conn:
-        if "samples" not in inspect(conn).get_table_names():
-            return 0  # the collector has not created the schema yet
-        return conn.execute(select(func.count()).select_from(Sample).join(Series, Series.id == Sample.series_id)
+        try:
+            return conn.execute(select(func.count()).select_from(Sample).join(Series, Series.id == Sample.series_id)
                             .join(Target, Target.id == Series.target_id)
                             .where(Target.url == url, Series.signal == signal_name)).scalar()
+        except OperationalError:
+            return 0  # the collector is still creating the schema
 
 
 def status_json(db_url: str) -> list[dict]:
@@ -120,3 +122,36 @@ def test_status_and_bad_arguments(tmp_path):
     assert bad.returncode == 2 and "URL must be http" in bad.stderr and "Traceback" not in bad.stderr
     none = subprocess.run([PYTHON, "-m", "collectors", "--once"], cwd=REPO, capture_output=True, text=True)
     assert none.returncode == 2 and "no targets" in none.stderr
+
+
+def test_slow_targets_do_not_delay_a_healthy_one(tmp_path):
+    """80 targets that never answer in time (more than the shared pool's threads) and one healthy target.
+
+    Counted relative to the slow targets' own scrapes, not against the clock: while each slow target
+    completes 4 more (timed-out) scrapes, the healthy one, scraped every 0.5 s and answering at once,
+    must complete clearly more (sharing one pool with them it would get about one per round).
+    """
+    rounds, n_slow = 4, 80
+    db_url = f"sqlite:///{tmp_path / 'slow.db'}"
+    with FakeEngine() as healthy, FakeEngine() as slow:
+        slow.mode = "slow"
+        slow.slow_s = 60.0
+        config = tmp_path / "c.toml"
+        config.write_text("[collector]\ninterval_s = 0.5\ntimeout_s = 1.0\n\n"
+                          + "".join(f'[[engines]]\nurl = "{slow.url}/s{i}"\n\n' for i in range(n_slow))
+                          + f'[[engines]]\nurl = "{healthy.url}"\n')
+        cmd = [PYTHON, "-m", "collectors", "--config", str(config), "--database-url", db_url]
+        with running(cmd, name="collectors"):
+            db = make_engine(db_url)
+
+            def slow_total() -> int:
+                return sum(count_samples(db, f"{slow.url}/s{i}", "up") for i in range(n_slow))
+
+            wait_for(lambda: slow_total() >= 2 * n_slow, what="every slow target failing", timeout=60)
+            start, slow_start = count_samples(db, healthy.url, "up"), slow_total()
+            wait_for(lambda: slow_total() >= slow_start + rounds * n_slow, what="more slow rounds", timeout=90)
+            healthy_done = count_samples(db, healthy.url, "up") - start
+        assert healthy_done >= 2 * rounds, healthy_done
+        with db.connect() as conn:
+            row = conn.execute(select(Target.up, Target.last_error).where(Target.url == f"{slow.url}/s0")).one()
+        assert not row.up and "timeout" in row.last_error

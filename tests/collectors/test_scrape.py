@@ -188,3 +188,22 @@ def test_state_meta_and_rows_are_defensive():
     assert docs.decision_row({"id": "x"}) is None
     assert docs.audit_row({"id": 3, "params": 7})["params"] == {"value": 7}
     assert docs.num(float("nan")) is None and docs.num(True) is None and docs.num(3) == 3.0
+
+
+def test_a_trickling_page_is_cut_off():
+    class Trickle(httpx.SyncByteStream):
+        def __iter__(self):
+            import time as _time
+
+            for _ in range(50):
+                _time.sleep(0.05)
+                yield b"# x\n"
+
+    out = engine_scraper().scrape(client_for(lambda r: httpx.Response(200, stream=Trickle())))
+    assert not out.ok and "too slowly" in out.error
+
+
+def test_forced_kind_that_does_not_match_the_page_says_so():
+    sglang = (ENGINE_METRICS / "sglang-0.5.23-collectors.prom").read_text()
+    out = engine_scraper(kind="vllm").scrape(client_for(lambda r: httpx.Response(200, text=sglang)))
+    assert not out.ok and "configured kind 'vllm', but the page looks like 'sglang'" in out.error

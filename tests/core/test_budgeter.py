@@ -225,6 +225,7 @@ def test_restart_round_trip_keeps_overrides_and_context():
     b.unpark("c", 3.0, pin=True)
     restored = Budgeter.from_dict(b.to_dict())
     assert restored.config == b.config
+    assert restored.counts() == b.counts()
     assert restored.session("a").context_tokens == 5_100
     assert restored.session("b").manual and restored.session("b").state == PARKED
     assert restored.session("c").pinned
@@ -293,7 +294,11 @@ def test_invariants_under_any_sequence_of_events(events):
     for i, ev in enumerate(events):
         apply(b, ev, float(i))
         assert b.demand_tokens() >= 0
-        for s in b.sessions():
+        sessions = b.sessions()
+        # the running totals equal what they summarise
+        assert b.demand_tokens() == sum(s.demand_tokens for s in sessions if s.state == ADMITTED)
+        assert b.counts() == {st: sum(1 for s in sessions if s.state == st) for st in (ADMITTED, PARKED, WAITING)}
+        for s in sessions:
             assert s.state in (ADMITTED, PARKED, WAITING)
             assert s.inflight >= 0
             assert not (s.held and s.state == ADMITTED)

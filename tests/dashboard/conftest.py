@@ -53,8 +53,12 @@ def fill_now(filled_template: tuple[Path, float]) -> float:
 
 
 @pytest.fixture(autouse=True)
-def _no_transport_override() -> Iterator[None]:
+def _fresh_process_state() -> Iterator[None]:
+    """No test sees another's fake sidecar transport or sign-in failures (both live for the process)."""
     from dashboard import data
+    from dashboard.auth import _failures_by_name
 
+    _failures_by_name().clear()
     yield
     data.transport_override = None
+    _failures_by_name().clear()

@@ -346,3 +346,12 @@ def test_oidc_sign_in_acts_only_for_the_allow_list(db_url: str, monkeypatch: pyt
         assert recorder.requests[-1].headers["x-actor"] == "ops@example.com"
     else:
         assert "not on the operator allow-list" in texts(at)
+
+
+def test_lockout_for_a_name_survives_a_new_browser_session(db_url: str) -> None:
+    first = app()
+    for _ in range(5):
+        sign_in(first, name="mallory", passphrase="wrong")
+    second = sign_in(app(), name="mallory")  # a fresh session, the right passphrase
+    assert "Too many wrong passphrases for mallory" in texts(second)
+    assert "operator" not in second.session_state

@@ -88,3 +88,15 @@ def test_missing_database_gives_a_clear_message(tmp_path, monkeypatch: pytest.Mo
     at = app()
     assert "No database at" in texts(at)
     assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.parametrize("page", [None, "engine", "sessions", "budgeter", "compaction", "alerts", "audit"])
+def test_database_without_schema_is_a_message_not_a_traceback(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                              page: str | None) -> None:
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "empty.db").close()  # a file, but the collectors never created the tables
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/empty.db")
+    at = app(page)
+    assert not at.exception
+    assert "cannot be read right now" in texts(at)

@@ -13,7 +13,17 @@ from collectors.store import Store, rollup_rows
 from core import signals as sig
 from db import make_engine, queries
 from db.migrate import current_revision, head_revision, upgrade
-from db.models import AuditEntry, Base, CompactionDecision, Rollup1m, Rollup10m, Sample, Series, Session, Target
+from db.models import (
+    AuditEntry,
+    Base,
+    CompactionDecision,
+    Rollup1m,
+    Rollup10m,
+    Sample,
+    Series,
+    Session,
+    Target,
+)
 
 ENGINE_URL = "http://engine:8000"
 SIDECAR_URL = "http://sidecar:8100"
@@ -282,3 +292,25 @@ def test_schema_has_the_tables_pages_read(db_url):
             "rollups_10m", "compaction_decisions", "audit", "alerts", "silences", "notifications", "collector_heartbeat",
             "collector_state"} <= names
     assert Session.__tablename__ in names
+
+
+def test_target_totals_sum_engine_labels():
+    rows = [
+        {"target_id": 1, "url": "u", "name": None, "role": "engine", "kind": "vllm", "up": True, "engine": "0",
+         "ts": 5.0, sig.PREFIX_CACHE_HITS_PER_S: 80.0, sig.PREFIX_CACHE_QUERIES_PER_S: 100.0,
+         sig.ENGINE_HIT_RATIO: 0.8, sig.KV_USAGE: 0.2, sig.POOL_TOKENS: 1000.0, sig.REQUESTS_RUNNING: 2.0},
+        {"target_id": 1, "url": "u", "name": None, "role": "engine", "kind": "vllm", "up": True, "engine": "1",
+         "ts": 6.0, sig.PREFIX_CACHE_HITS_PER_S: 0.0, sig.PREFIX_CACHE_QUERIES_PER_S: 300.0,
+         sig.ENGINE_HIT_RATIO: 0.0, sig.KV_USAGE: 0.6, sig.POOL_TOKENS: 3000.0, sig.REQUESTS_RUNNING: 5.0},
+        {"target_id": 1, "url": "u", "name": None, "role": "engine", "kind": "vllm", "up": True, "engine": None,
+         "ts": 6.0, sig.UP: 1.0},
+        {"target_id": 2, "url": "s", "name": None, "role": "sidecar", "kind": "sidecar", "up": True, "engine": None,
+         "ts": 6.0, sig.TOKEN_WEIGHTED: 0.5},
+    ]
+    totals = {r["url"]: r for r in queries.target_totals(rows)}
+    e = totals["u"]
+    assert e["engine"] is None and e["engines"] == ["0", "1"] and e[sig.UP] == 1.0
+    assert e[sig.ENGINE_HIT_RATIO] == pytest.approx(80 / 400)  # not the mean of 0.8 and 0.0
+    assert e[sig.REQUESTS_RUNNING] == 7.0 and e[sig.POOL_TOKENS] == 4000.0
+    assert e[sig.KV_USAGE] == pytest.approx((0.2 * 1000 + 0.6 * 3000) / 4000)
+    assert totals["s"][sig.TOKEN_WEIGHTED] == 0.5

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sidecar.control import ControlPlane
 from sidecar.settings import Settings
+from sidecar.stub_engine import StubEngine
 
 from .conftest import OP_HEADERS, FakeClock, Harness, settle, sidecar
 
@@ -314,3 +315,70 @@ def run_property(ops: list[tuple[Any, ...]], pool: int) -> None:
 @given(OPS, st.sampled_from([500, 2000, 100_000]))
 def test_property_no_held_turn_is_stranded_and_demand_never_negative(ops: list[tuple[Any, ...]], pool: int) -> None:
     run_property(ops, pool)
+
+
+async def test_demand_is_context_or_prompt_in_flight_plus_output_budget(tmp_path: Path) -> None:
+    async with sidecar(tmp_path, pool_tokens=1_000_000, default_output_budget=1024) as h:
+        await h.chat("a", max_tokens=100)
+        await h.chat("b", max_tokens=None)  # no max_tokens: the default output budget counts
+        sessions = {s["id"]: s for s in (await h.client.get("/sessions")).json()}
+        expected = sessions["a"]["context_tokens"] + 100 + sessions["b"]["context_tokens"] + 1024
+        assert (await h.state())["budgeter"]["demand_tokens"] == expected
+        async with anyio.create_task_group() as tg:
+            # a turn in flight whose prompt (~2,500 tokens at 4 characters each) exceeds the last context
+            tg.start_soon(lambda: h.chat("a", content="x" * 10_000, max_tokens=50,
+                                         headers={"x-stub-delay-ms": "150"}))
+            await settle(lambda: h.cp.in_flight == 1, "a in flight")
+            in_flight = h.cp.budgeter.session("a")
+            assert in_flight.inflight_prompt >= 2500
+            assert h.cp.budgeter.demand_tokens() == in_flight.inflight_prompt + 50 + sessions["b"]["context_tokens"] + 1024
+
+
+async def test_pool_comes_from_the_engine_and_is_refreshed(tmp_path: Path) -> None:
+    engine = StubEngine(pool_tokens=40_000)
+    async with sidecar(tmp_path, engine=engine, pool_refresh_s=0.05) as h:
+        await settle(lambda: h.cp.budgeter.pool_tokens == 40_000, "pool from the engine")
+        state = await h.state()
+        assert state["budgeter"]["pool_source"] == "engine" and state["engine_kind"] == "vllm"
+        engine.pool_tokens = 80_000
+        await settle(lambda: h.cp.budgeter.pool_tokens == 80_000, "pool refreshed")
+    async with sidecar(tmp_path, engine=StubEngine(pool_tokens=40_000), pool_tokens=1234) as h:
+        assert (await h.state())["budgeter"]["pool_tokens"] == 1234  # --pool-tokens overrides the engine
+
+
+async def test_without_a_pool_size_the_bands_do_not_act(tmp_path: Path) -> None:
+    async with sidecar(tmp_path, engine=StubEngine(metrics=False)) as h:
+        await settle(lambda: h.cp.pool_error is not None, "pool fetch finished")
+        for i in range(5):
+            assert (await h.chat(f"s{i}", max_tokens=10_000_000)).status_code == 200
+        state = await h.state()
+        assert state["budgeter"]["pool_tokens"] is None and state["budgeter"]["acting"] is False
+        assert state["backlog"]["admitted"] == 5 and state["backlog"]["held_requests"] == 0
+        assert any("KV pool size unknown" in w and "--pool-tokens" in w for w in state["warnings"])
+
+
+async def test_session_cap_park_mode_caps_admitted_sessions(tmp_path: Path) -> None:
+    async with sidecar(tmp_path, pool_tokens=1_000_000) as h:
+        r = await h.client.put("/control/budgeter", headers=OP_HEADERS, json={"mode": "session-cap-park",
+                                                                               "session_cap": 1})
+        assert r.status_code == 200
+        await h.chat("first")
+        results = Results()
+        async with anyio.create_task_group() as tg:
+            results.spawn(tg, h, "second")
+            await settle(lambda: held(h) == 1, "second waits")
+            assert (await h.state())["backlog"]["waiting"] == 1
+            await h.client.delete("/sessions/first")
+        assert results.done == [("second", 200)]
+
+
+async def test_parking_a_session_frees_room_for_waiting_ones_at_once(tmp_path: Path) -> None:
+    async with sidecar(tmp_path, pool_tokens=1000) as h:
+        await h.chat("big", max_tokens=900)
+        results = Results()
+        async with anyio.create_task_group() as tg:
+            results.spawn(tg, h, "small", max_tokens=10)
+            await settle(lambda: held(h) == 1, "small waits")
+            r = await h.client.post("/control/sessions/big/park", headers=OP_HEADERS)
+            assert r.status_code == 200  # no periodic tick runs in these tests: the park itself released
+        assert results.done == [("small", 200)]

@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from core.engine_metrics import pool_tokens
 from tests.support import PYTHON, free_port, running
 
 OPERATOR = "operator-token-process"
@@ -46,7 +47,7 @@ def sidecar_process(engine: str, db: Path, *extra: str, port: int | None = None,
     port = port or free_port()
     cmd = [PYTHON, "-m", "sidecar", "--engine", engine, "--port", str(port), "--state-db", str(db), *extra]
     with running(cmd, name="sidecar", ready_url=f"http://127.0.0.1:{port}/healthz",
-                 env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR, **(env or {})}) as proc:
+                 env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR, "PREFIXOPS_VIEWER_TOKEN": "", **(env or {})}) as proc:
         yield f"http://127.0.0.1:{port}", proc
 
 
@@ -211,4 +212,26 @@ def test_openai_client_end_to_end(tmp_path: Path, engine_kind: str) -> None:
         assert state["reuse"]["token_weighted"] > 0
         [session] = [s for s in httpx.get(f"{base}/sessions").json() if s["id"] == "e2e"]
         assert session["turns"] == 5 and session["failed_turns"] == 1
-        assert state["budgeter"]["pool_tokens"] == 400_000 and state["budgeter"]["pool_source"] == "engine"
+        engine_pool = pool_tokens(httpx.get(f"{engine}/metrics").text)
+        assert engine_pool and state["budgeter"]["pool_tokens"] == engine_pool
+        assert state["budgeter"]["pool_source"] == "engine"
+
+
+def test_a_streaming_client_that_goes_away_midway_fails_only_its_turn(tmp_path: Path) -> None:
+    with stub_engine("--completion-tokens", "50") as engine, \
+            sidecar_process(engine, tmp_path / "s.db", "--pool-tokens", "100000") as (base, _):
+        assert chat(base, "s").status_code == 200
+        before = httpx.get(f"{base}/sessions/s").json()
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": "long answer"}], "stream": True}
+        with httpx.Client(timeout=30) as client, client.stream(
+                "POST", f"{base}/v1/chat/completions", json=body,
+                headers={"X-Session-Id": "s", "x-stub-chunk-delay-ms": "50"}) as r:
+            first = next(r.iter_lines())
+            assert first.startswith("data: ")
+        # the client closed the stream after one event
+        wait_for(lambda: httpx.get(f"{base}/sessions/s").json()["in_flight"] == 0, "turn given back")
+        after = httpx.get(f"{base}/sessions/s").json()
+        assert after["failed_turns"] == 1 and after["turns"] == before["turns"]
+        assert after["context_tokens"] == before["context_tokens"]
+        assert httpx.get(f"{base}/state").json()["traffic"]["in_flight"] == 0
+        assert chat(base, "s").status_code == 200  # the session carries on

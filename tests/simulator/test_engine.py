@@ -69,8 +69,8 @@ def test_preemption_takes_the_newest_and_resets_its_progress(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_a_step_that_preempted_admits_nobody_and_the_waiting_head_blocks_admission(mode: str) -> None:
     engine = Engine(EngineConfig(pool_tokens=16 * 8, mode=mode))
-    a = request("a", 48, 100)
-    b = request("b", 48, 100)
+    a = request("a", 48, 60)
+    b = request("b", 48, 60)
     engine.add_request(a)
     engine.add_request(b)
     engine.run_until(engine.now + 1e-9)  # one step: both admitted, 3 blocks each
@@ -149,9 +149,12 @@ def test_max_num_seqs_limits_the_running_batch() -> None:
     assert len(engine.running) == 2 and len(engine.waiting) == 2
 
 
-def test_full_sequence_fit_guard_holds_back_what_could_not_finish() -> None:
-    engine = Engine(EngineConfig(pool_tokens=16 * 10, full_sequence_fit=True, mode="exact"))
-    engine.add_request(request("big", 100, 100))  # 200 tokens > the 160-token pool
-    engine.add_request(request("small", 20, 5))
+@pytest.mark.parametrize("guard", [False, True])
+def test_full_sequence_fit_guard_holds_back_what_could_not_finish(guard: bool) -> None:
+    engine = Engine(EngineConfig(pool_tokens=16 * 10, full_sequence_fit=guard, mode="exact"))
+    engine.add_request(request("a", 48, 40))
     engine.run_until(1e-9)
-    assert not engine.running  # the head does not fit whole, so admission stops there
+    big = request("big", 64, 60, at=engine.now)  # prompt fits the 7 free blocks, prompt + output (8) does not
+    engine.add_request(big)
+    engine.run_until(engine.now + 1e-9)
+    assert (big.status == WAITING) is guard

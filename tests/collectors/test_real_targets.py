@@ -1,0 +1,56 @@
+"""The collectors against the project's real simulator and sidecar processes (not fakes)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from core import signals as sig
+from db import make_engine, queries
+from db.models import Series, Target
+from tests.support import PYTHON, REPO, free_port, running
+
+
+def test_collectors_read_the_simulator_and_the_sidecar(tmp_path):
+    engine_port, sidecar_port = free_port(), free_port()
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    sidecar_url = f"http://127.0.0.1:{sidecar_port}"
+    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
+                 name="simulator", ready_url=f"{engine_url}/metrics"), \
+            running([PYTHON, "-m", "sidecar", "--engine", engine_url, "--port", str(sidecar_port),
+                     "--state-db", str(tmp_path / "sidecar.db")], name="sidecar", ready_url=f"{sidecar_url}/healthz"):
+        model = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
+        prompt = "You are a careful assistant. " * 40
+        for turn in range(3):
+            prompt += f" Turn {turn}: please continue the analysis of the logs."
+            r = httpx.post(f"{sidecar_url}/v1/completions", headers={"X-Session-Id": "it-1"}, timeout=60,
+                           json={"model": model, "prompt": prompt, "max_tokens": 8})
+            assert r.status_code == 200, r.text
+        db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
+        done = subprocess.run([PYTHON, "-m", "collectors", "--engine", engine_url, "--sidecar", sidecar_url, "--once",
+                               "--database-url", db_url], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        state = httpx.get(f"{sidecar_url}/state", timeout=10).json()
+    db = make_engine(db_url)
+    with db.connect() as conn:
+        targets = {t["url"]: t for t in queries.targets(conn)}
+        assert targets[engine_url]["up"] and targets[engine_url]["kind"] == "vllm"
+        assert targets[sidecar_url]["up"] and targets[sidecar_url]["kind"] == "sidecar"
+        latest = {(r["url"], r["engine"]): r for r in queries.latest_signals(conn)}
+        labels = [e for (u, e) in latest if u == engine_url and e is not None]
+        assert labels, "the simulator's engine label is kept"
+        engine_row = latest[(engine_url, labels[0])]
+        assert engine_row[sig.POOL_TOKENS] == 400000
+        assert 0.0 <= engine_row[sig.KV_USAGE] <= 1.0
+        sidecar_row = latest[(sidecar_url, None)]
+        assert sidecar_row[sig.TOKEN_WEIGHTED] == pytest.approx(state["reuse"]["token_weighted"], abs=1e-9)
+        assert sidecar_row[sig.SESSIONS_IN_SYSTEM] >= 0
+        sessions = queries.sessions(conn, present_only=False)
+        assert "it-1" in {s["session_id"] for s in sessions}
+        assert queries.sidecar_state(conn)[0]["state"]["reuse"]["window_s"] == state["reuse"]["window_s"]
+        names = set(conn.execute(select(Series.signal).join(Target, Target.id == Series.target_id)
+                                 .where(Target.url == sidecar_url)).scalars())
+    assert {sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED, sig.DIVERGENCE, sig.DEMAND_TOKENS, sig.PARKED} <= names
