@@ -15,28 +15,25 @@ import streamlit as st
 from dashboard import actions
 from dashboard.settings import Settings, SettingsError
 from dashboard.sidebar import render_heartbeat, render_sign_in
-from dashboard.ui import ROUTER_KEY
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 st.set_page_config(page_title="PrefixOps", page_icon="🧮", layout="wide")
 
-# Page files are named <name>_page.py with url_path <name> on purpose: with a pages/ folder, Streamlit 1.67
-# still registers the legacy file-based pages, and a legacy page whose name equals a navigation url_path
-# shares its page hash, so the page file ran without this router (no sidebar, sign-in or dialog), in
-# AppTest's switch_page and for the first visitor of a deep link after a server start (measured here).
+# Each page file is named like its url_path. Streamlit 1.67 runs the very first script run of a server
+# process in its legacy pages/ mode; the names match, so a deep link (an alert's "engine view at that
+# moment") resolves to its page there too, and dashboard.ui.ensure_router() reruns it through this router.
 PAGES = [
-    st.Page("pages/overview_page.py", title="Overview", url_path="overview", default=True),
-    st.Page("pages/engine_page.py", title="Engine", url_path="engine"),
-    st.Page("pages/sessions_page.py", title="Sessions", url_path="sessions"),
-    st.Page("pages/budgeter_page.py", title="Budgeter", url_path="budgeter"),
-    st.Page("pages/compaction_page.py", title="Compaction", url_path="compaction"),
-    st.Page("pages/alerts_page.py", title="Alerts", url_path="alerts"),
-    st.Page("pages/audit_page.py", title="Audit", url_path="audit"),
+    st.Page("pages/overview.py", title="Overview", url_path="overview", default=True),
+    st.Page("pages/engine.py", title="Engine", url_path="engine"),
+    st.Page("pages/sessions.py", title="Sessions", url_path="sessions"),
+    st.Page("pages/budgeter.py", title="Budgeter", url_path="budgeter"),
+    st.Page("pages/compaction.py", title="Compaction", url_path="compaction"),
+    st.Page("pages/alerts.py", title="Alerts", url_path="alerts"),
+    st.Page("pages/audit.py", title="Audit", url_path="audit"),
 ]
 
 page = st.navigation(PAGES)
-st.session_state[ROUTER_KEY] = True
 
 try:
     settings = Settings.from_env()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import re
+import runpy
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -17,9 +19,9 @@ from dashboard.settings import Settings
 
 logger = logging.getLogger(__name__)
 
+APP_SCRIPT = Path(__file__).resolve().parent.parent / "app.py"
 RANGES: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 LAST_ENGINE_KEY = "last_engine"
-ROUTER_KEY = "_prefixops_router"
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:=^&])")
 
 
@@ -49,14 +51,24 @@ def fmt_tokens(value: float | None) -> str:
 
 
 def ensure_router() -> None:
-    """Send a page run without app.py (Streamlit's legacy pages/ mode) through the router.
+    """Route a page that Streamlit ran without app.py through app.py, in the same run.
 
-    Until a session has run `st.navigation`, Streamlit serves files in pages/
-    directly; the first visitor of a deep link would get a page without the
-    sidebar, sign-in and page config. Running app.py once fixes that for all.
+    Streamlit 1.67 decides per server process whether the app uses the legacy
+    pages/ folder: until the first `st.navigation` call it runs the files in
+    pages/ directly (no sidebar, sign-in or page config), resolving the URL
+    against their file names (AppTest resets that decision before every run).
+    So the first visitor after a server start of a deep link, e.g. an alert's
+    link to the Engine page, lands here with the flag still set: run app.py
+    now, which routes the same URL to this page properly, and stop this
+    unrouted run. Page files are named like their url_path so the legacy mode
+    resolves them at all; otherwise it shows "Page not found" first.
     """
-    if not st.session_state.get(ROUTER_KEY):
-        st.switch_page("app.py")
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        runpy.run_path(str(APP_SCRIPT), run_name="__main__")
+        st.stop()
 
 
 def require_database(settings: Settings) -> None:

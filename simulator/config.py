@@ -100,8 +100,8 @@ class AgentWorkload:
     system_prompt_tokens: int = 2000
     initial_context: int = 4600  # first turn's prompt, system prompt included
     context_growth: int = 1000  # prompt growth per turn (previous output + new tool/user text)
-    output_tokens: int = 200
-    tool_latency_mean: float = 3.5  # s, lognormal; calibrated (SIMULATOR.md says ~3 s): see docs/simulator-results.md
+    output_tokens: int = 150  # calibrated (SIMULATOR.md: 200): see docs/simulator-results.md
+    tool_latency_mean: float = 4.0  # s, lognormal; calibrated (SIMULATOR.md: ~3 s): see docs/simulator-results.md
     tool_latency_sigma: float = 0.5  # of the underlying normal
     output_budget: int = 1024  # what the client declares (max_tokens) to the budgeter
     flush_at_min: float = -1.0  # prefix-cache flush with preemption at this minute (< 0: none)
@@ -137,18 +137,18 @@ class RagWorkload:
     """
 
     rag_rate: float = 1.0  # document-set requests/s, Poisson (open loop)
-    rag_head_tokens: int = 128
+    rag_head_tokens: int = 64
     rag_system_tokens: int = 1000  # preamble included
-    doc_sets: int = 8
+    doc_sets: int = 16
     doc_tokens: int = 5000
-    doc_zipf: float = 1.0  # popularity skew over document sets
+    doc_zipf: float = 0.5  # popularity skew over document sets
     suffix_tokens: int = 2450  # unique question + extra retrieved text
     cold_fraction: float = 0.06  # requests that share no prefix at all (other tenants)
     rag_output_tokens: int = 100
     storm_start_min: float = 10.0
     storm_minutes: float = 10.0
-    storm_rate: float = 16.0  # extra storm requests/s
-    storm_query_tokens: int = 500  # distinct retrieval + question below the preamble
+    storm_rate: float = 40.0  # extra storm requests/s
+    storm_query_tokens: int = 200  # distinct retrieval + question below the preamble
     storm_cold_fraction: float = 0.10
     storm_output_tokens: int = 30
     compaction_trigger: str = "naive"  # "naive" (every N requests), "gate" (core.compaction), "none"
@@ -162,7 +162,7 @@ class RagWorkload:
     regime_min_turns: int = 20
     reuse_window_s: float = 60.0
     cached_price: float = 0.1  # price of a cached input token relative to an uncached one
-    after_compaction_s: float = 60.0  # window after a compaction over which its damage is measured
+    after_compaction_s: float = 15.0  # window after a compaction over which its damage is measured
 
     def __post_init__(self) -> None:
         _check(self.rag_rate >= 0, f"rag_rate must be >= 0, got {self.rag_rate!r}")

@@ -136,6 +136,9 @@ class BlockPool:
         self.label_of: list[Hashable] = []
         self._q: list[int] = list(range(num_blocks))  # stamp 0
         self._head = 0
+        self._stale = 0  # entries in the queue whose block was taken out by a hit
+        self._ver: dict[int, int] = {}  # label base -> changes of its keys (for the lookup cache)
+        self._lookups: dict[tuple[int, int], tuple[Content, tuple[int, ...], list[int]]] = {}
         self._next_stamp = 1
         self._free = num_blocks
         self.offload = _OffloadTier(offload_blocks)
@@ -173,18 +176,29 @@ class BlockPool:
 
     def lookup(self, content: Content, max_blocks: int) -> Lookup:
         result = Lookup()
-        get = self.key_to_block.get
-        hits: list[int] = []
-        for label, lo, hi in content.spans(0, max_blocks, self.block_size):
-            base = self._base(label)
-            found = list(map(get, range(base + lo, base + hi)))
-            try:
-                j = found.index(None)
-            except ValueError:
-                hits.extend(found)  # type: ignore[arg-type]
-                continue
-            hits.extend(found[:j])  # type: ignore[arg-type]
-            break
+        spans = [(self._base(label), lo, hi) for label, lo, hi in content.spans(0, max_blocks, self.block_size)]
+        versions = tuple(self._ver.get(base, 0) for base, _, _ in spans)
+        cached = self._lookups.get((id(content), max_blocks))
+        if cached is not None and cached[0] is content and cached[1] == versions:
+            # no key of these labels was added or evicted since: the same blocks match (a waiting
+            # head is looked up every step, as in vLLM; this only skips recomputing an unchanged answer)
+            hits = cached[2]
+        else:
+            get = self.key_to_block.get
+            hits = []
+            for base, lo, hi in spans:
+                found = list(map(get, range(base + lo, base + hi)))
+                try:
+                    j = found.index(None)
+                except ValueError:
+                    hits.extend(found)  # type: ignore[arg-type]
+                    continue
+                hits.extend(found[:j])  # type: ignore[arg-type]
+                break
+            if len(self._lookups) > 4096:
+                self._lookups.clear()
+            self._lookups[(id(content), max_blocks)] = (content, versions, hits)
+        hits = list(hits)
         result.hit_blocks = len(hits)
         if hits:
             arr = np.array(hits, dtype=np.int64)
@@ -193,6 +207,16 @@ class BlockPool:
         result.offload_blocks = self.offload.contains_run(content, result.hit_blocks, max_blocks,
                                                           self.block_size)
         return result
+
+    def _drop_stale(self) -> None:
+        """Rewrite the queue without its stale entries (order of the valid ones unchanged)."""
+        n = self.num_blocks
+        arr = np.array(self._q[self._head:], dtype=np.int64)
+        blocks = arr % n
+        valid = (self.ref[blocks] == 0) & (self.stamp[blocks] == arr // n)
+        self._q = arr[valid].tolist()
+        self._head = 0
+        self._stale = 0
 
     def _pop_free(self, need: int) -> list[int]:
         """The first ``need`` valid entries of the queue, in order (their blocks)."""
@@ -248,7 +272,10 @@ class BlockPool:
             n_free_hits = int(np.count_nonzero(ref[arr] == 0))
             self._free -= n_free_hits
             self._cached_free -= n_free_hits
+            self._stale += n_free_hits
             ref[arr] += 1
+            if self._stale > 8192 and 2 * self._stale > len(self._q) - self._head:
+                self._drop_stale()
             table.blocks.extend(hit.blocks)
             table.num_blocks = len(table.blocks)
             table.keyed = n_hit
@@ -276,6 +303,9 @@ class BlockPool:
                     self.keyed[ev] = False
                     self.key[ev] = -1
                 deque(map(self.key_to_block.__delitem__, keys), 0)
+                ver = self._ver
+                for base in {k >> 32 << 32 for k in keys}:
+                    ver[base] = ver.get(base, 0) + 1
                 self._evictions += len(keys)
                 self._cached_free -= len(keys)
                 if self.offload.capacity > 0:
@@ -292,6 +322,20 @@ class BlockPool:
             return
         k2b = self.key_to_block
         blocks = table.blocks
+        if upto - table.keyed == 1:
+            # one block (a decode step filled it): same result as the general path, without the generators
+            i = table.keyed
+            for label, _lo, _hi in content.spans(i, upto, self.block_size):
+                base = self._base(label)
+                k = base + i
+                if k not in k2b:
+                    b = blocks[i]
+                    k2b[k] = b
+                    self.key[b] = k
+                    self.keyed[b] = True
+                    self._ver[base] = self._ver.get(base, 0) + 1
+            table.keyed = upto
+            return
         for label, lo, hi in content.spans(table.keyed, upto, self.block_size):
             base = self._base(label)
             keys = range(base + lo, base + hi)
@@ -302,6 +346,7 @@ class BlockPool:
                     continue
                 keys, bids = zip(*pairs, strict=True)  # type: ignore[assignment]
             k2b.update(zip(keys, bids, strict=True))
+            self._ver[base] = self._ver.get(base, 0) + 1
             if len(bids) <= 8:
                 key, keyed = self.key, self.keyed
                 for k, b in zip(keys, bids, strict=True):
@@ -334,6 +379,8 @@ class BlockPool:
         if self._free != self.num_blocks:
             return False
         self.key_to_block.clear()
+        self._lookups.clear()
+        self._ver = {base: v + 1 for base, v in self._ver.items()}
         self.key[:] = -1
         self.keyed[:] = False
         self._cached_free = 0

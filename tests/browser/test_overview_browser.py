@@ -83,3 +83,24 @@ def test_alert_link_opens_the_engine_at_that_moment(dashboard: str) -> None:
         page.get_by_text("Showing the moment").wait_for(timeout=60_000)
         assert page.get_by_role("button", name="Back to live").is_visible()
         screenshot(page, "filled-engine-at-alert")
+
+
+def test_first_visitor_of_a_deep_link_after_a_server_start_gets_the_routed_page(tmp_path: Path) -> None:
+    """Streamlit's first script run of a process is in its legacy pages/ mode (see dashboard.ui.ensure_router):
+    an alert link opened right after a restart must land on that page, routed, without a "Page not found"."""
+    require_chromium()
+    path = tmp_path / "filled.db"
+    engine, _now = filled_engine(f"sqlite:///{path}")
+    engine.dispose()
+    port = free_port()
+    env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_OPERATOR_PASSPHRASE": "browser-test"}
+    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
+    with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
+                 expect_text="ok", timeout=60), browser_page() as page:
+        open_page(page, f"http://127.0.0.1:{port}/engine?engine=a&range=24h")
+        page.wait_for_timeout(1500)
+        wait_idle(page)
+        assert "Page not found" not in page.content()
+        assert page.locator("h1").first.inner_text().strip() == "Engine"
+        assert page.get_by_text("Operator passphrase").count() == 1  # the router's sidebar ran
+        assert "range=24h" in page.url

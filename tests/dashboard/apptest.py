@@ -21,7 +21,7 @@ def app(page: str | None = None, **query: str) -> AppTest:
         for key, value in query.items():
             at.query_params[key] = value
         if page is not None:
-            at.switch_page(f"pages/{page}_page.py")
+            at.switch_page(f"pages/{page}.py")
         at.run()
         assert not at.exception, at.exception
     return at

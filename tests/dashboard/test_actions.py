@@ -75,7 +75,7 @@ def test_sign_in_with_name_and_passphrase_is_audited(db_url: str) -> None:
     assert "Signed in as" in texts(at)
     rows = dashboard_audit(db_url)
     assert (rows[-1].action, rows[-1].actor, rows[-1].outcome) == ("sign-in", "alice", "ok")
-    at.switch_page("pages/sessions_page.py").run()
+    at.switch_page("pages/sessions.py").run()
     assert not at.button(key="park_selected").disabled or not at.multiselect(key="sessions_selected").value
     assert not at.multiselect(key="sessions_selected").disabled
 
@@ -108,7 +108,7 @@ def test_pending_action_cannot_be_confirmed_when_signed_out(db_url: str) -> None
 
 # ------------------------------------------------------------------------------ sessions
 def _park(at, ids: list[str]):  # noqa: ANN001, ANN202
-    at.switch_page("pages/sessions_page.py").run()
+    at.switch_page("pages/sessions.py").run()
     at.multiselect(key="sessions_selected").set_value(ids).run()
     at.button(key="park_selected").click().run()
     return at
@@ -140,7 +140,7 @@ def test_cancel_sends_nothing(db_url: str) -> None:
 def test_unpark_with_pin_sends_the_pin(db_url: str) -> None:
     recorder = Recorder().install()
     at = sign_in(app(engine="a"))
-    at.switch_page("pages/sessions_page.py").run()
+    at.switch_page("pages/sessions.py").run()
     at.multiselect(key="sessions_selected").set_value(["agent-000"]).run()
     at.checkbox(key="sessions_pin").check().run()
     at.button(key="unpark_selected").click().run()
@@ -226,7 +226,7 @@ def test_token_comes_from_the_collectors_config_per_sidecar(db_url: str, tmp_pat
 def test_budgeter_rejects_bad_bands_before_sending(db_url: str) -> None:
     Recorder().install()
     at = sign_in(app(engine="a"))
-    at.switch_page("pages/budgeter_page.py").run()
+    at.switch_page("pages/budgeter.py").run()
     at.number_input(key="budgeter_low").set_value(0.9).run()
     at.number_input(key="budgeter_high").set_value(0.8).run()
     assert "low band must be below high band" in texts(at)
@@ -239,7 +239,7 @@ def test_budgeter_rejects_bad_bands_before_sending(db_url: str) -> None:
 def test_budgeter_preview_and_apply(db_url: str) -> None:
     recorder = Recorder(lambda r: httpx.Response(200, json={"budgeter": {}})).install()
     at = sign_in(app(engine="a"))
-    at.switch_page("pages/budgeter_page.py").run()
+    at.switch_page("pages/budgeter.py").run()
     # Current bands 0.75/0.95 with demand at 99% of the pool: the preview parks the newest sessions.
     parked_now = list(at.dataframe[0].value["session"])
     assert parked_now and parked_now[0] == "agent-025"
@@ -262,7 +262,7 @@ def test_budgeter_refusal_names_the_field(db_url: str) -> None:
                                                            "high band must be above 0 and at most 1, got 2",
                                                            "field": "high"}})).install()
     at = sign_in(app(engine="a"))
-    at.switch_page("pages/budgeter_page.py").run()
+    at.switch_page("pages/budgeter.py").run()
     at.selectbox(key="budgeter_mode").set_value("admission-only").run()
     at.button(key="budgeter_apply").click().run()
     at.button(key="confirm_action").click().run()
@@ -273,7 +273,7 @@ def test_budgeter_refusal_names_the_field(db_url: str) -> None:
 def test_defer_and_allow_compaction(db_url: str) -> None:
     recorder = Recorder().install()
     at = sign_in(app(engine="a"))
-    at.switch_page("pages/compaction_page.py").run()
+    at.switch_page("pages/compaction.py").run()
     at.selectbox(key="defer_minutes").set_value(30).run()
     at.text_input(key="defer_reason").input("storm in progress").run()
     at.button(key="defer_compaction").click().run()
@@ -289,7 +289,7 @@ def test_defer_and_allow_compaction(db_url: str) -> None:
 # --------------------------------------------------------------------------------- alerts
 def test_acknowledge_alert_writes_who_and_audits(db_url: str) -> None:
     at = sign_in(app())
-    at.switch_page("pages/alerts_page.py").run()
+    at.switch_page("pages/alerts.py").run()
     engine = make_engine(db_url)
     with engine.connect() as conn:
         collapse_id = conn.execute(select(Alert.id).where(Alert.rule == "collapse")).scalar_one()
@@ -304,7 +304,7 @@ def test_acknowledge_alert_writes_who_and_audits(db_url: str) -> None:
 
 def test_silence_a_rule_on_an_engine(db_url: str) -> None:
     at = sign_in(app())
-    at.switch_page("pages/alerts_page.py").run()
+    at.switch_page("pages/alerts.py").run()
     at.selectbox(key="silence_rule").set_value("thin_reuse").run()
     at.selectbox(key="silence_engine").set_value("a").run()
     at.selectbox(key="silence_minutes").set_value(240).run()
@@ -337,7 +337,7 @@ def test_oidc_sign_in_acts_only_for_the_allow_list(db_url: str, monkeypatch: pyt
     at.secrets = AUTH_SECRETS
     at.user = {"is_logged_in": True, "email": email}
     at.run()
-    at.switch_page("pages/compaction_page.py").run()
+    at.switch_page("pages/compaction.py").run()
     assert at.button(key="defer_compaction").disabled != allowed
     if allowed:
         assert "Signed in as" in texts(at)

@@ -158,3 +158,18 @@ def test_full_sequence_fit_guard_holds_back_what_could_not_finish(guard: bool) -
     engine.add_request(big)
     engine.run_until(engine.now + 1e-9)
     assert (big.status == WAITING) is guard
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_offload_tier_serves_evicted_prefixes_as_external_hits(mode: str) -> None:
+    engine = Engine(EngineConfig(pool_tokens=16 * 40, offload_tokens=16 * 100, mode=mode))
+    a = content("a")
+    engine.add_request(request("a1", 320, 1, c=a))  # 20 blocks
+    drain(engine)
+    engine.add_request(request("b", 600, 1, at=engine.now))  # evicts a's blocks into the CPU tier
+    drain(engine)
+    assert engine.pool.evictions() > 0 and engine.pool.offload_count() > 0
+    engine.add_request(request("a2", 340, 1, at=engine.now, c=a))
+    (a2,) = drain(engine)
+    assert engine.stats.external_hits > 0
+    assert a2.cached_tokens >= engine.stats.external_hits > 0

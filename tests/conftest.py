@@ -1,3 +1,5 @@
+"""Fixtures shared across the suite."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -10,6 +12,7 @@ from tests.db.pg import fresh_database, postgres_server
 
 @pytest.fixture(scope="session")
 def postgres_server_url() -> Iterator[str]:
+    """One throwaway PostgreSQL cluster on loopback per test process (see tests/db/pg.py)."""
     with postgres_server() as url:
         yield url
 

@@ -118,7 +118,7 @@ def fleet_panel() -> None:
     })
     cols = st.columns(min(len(engines), 6))
     for i, ref in enumerate(engines):
-        cols[i % len(cols)].page_link("pages/engine_page.py", label=f"Open engine {escape_md(ref.key)}",
+        cols[i % len(cols)].page_link("pages/engine.py", label=f"Open engine {escape_md(ref.key)}",
                                       query_params={"engine": ref.key})
     for key, frame in ranks.items():
         with st.expander(f"Data-parallel ranks of engine {escape_md(key)} ({len(frame)})"):

@@ -74,7 +74,7 @@ def firing_panel() -> None:
                                if acked_by else "")
                             + ("\nsilenced: notifications muted" if row["silenced"] else ""))
                 if ref is not None:
-                    head[1].page_link("pages/engine_page.py", label="Engine view at that moment",
+                    head[1].page_link("pages/engine.py", label="Engine view at that moment",
                                       query_params={"engine": ref.key, "at": f"{row['started_ts']:.0f}",
                                                     "range": "1h"})
                 acked = acked_by is not None
