@@ -53,8 +53,7 @@ log = logging.getLogger(__name__)
 HOP_BY_HOP = {
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
     b"transfer-encoding", b"upgrade", b"host", b"content-length", b"accept-encoding",
-    b"x-session-id", b"x-session-end", b"x-prefix-id",
-}
+}  # X-Session-Id & co. go through: engines ignore them, session-affinity routers and the simulator use them
 RESPONSE_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date",
                  "server"}
 SESSION_ID_RE = re.compile(r"^[\x21-\x7e]{1,256}$")

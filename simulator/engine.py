@@ -431,8 +431,10 @@ class Engine:
         pool = self.pool
         for r in running:
             end = r.num_computed + k
-            ok = pool.allocate(r.table, r.content, None, cdiv(end, bs), end // bs)
-            assert ok
+            table = r.table
+            if end > table.num_blocks * bs or end // bs > table.keyed:
+                ok = pool.allocate(table, r.content, None, cdiv(end, bs), end // bs)
+                assert ok
             r.num_computed = end
             r.output += k
         dt = k * t0 + g * (k * C + B * k * (k - 1) / 2)

@@ -105,7 +105,7 @@ async def test_client_authorization_header_reaches_the_engine_untouched(tmp_path
     async with sidecar(tmp_path) as h:
         await h.chat("s1", headers={"Authorization": "Bearer sk-client-key"})
         assert h.engine.seen_headers[-1]["authorization"] == "Bearer sk-client-key"
-        assert "x-session-id" not in h.engine.seen_headers[-1]
+        assert h.engine.seen_headers[-1]["x-session-id"] == "s1"  # for session-affinity routers and sim: truth
 
 
 async def test_engine_errors_pass_through_and_leave_context_unchanged(tmp_path: Path) -> None:
