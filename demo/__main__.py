@@ -27,6 +27,20 @@ import httpx
 log = logging.getLogger("demo")
 REPO = Path(__file__).resolve().parent.parent
 MAX_RESTARTS = 3
+# The demo's fleet: one simulated engine and the sidecar in front of it, named as an operator would.
+FLEET_TOML = """\
+# Written by `python -m demo`; the collectors reload it on change.
+[[engines]]
+url = "{engine}"
+kind = "vllm"
+name = "sim-engine"
+labels = {{ cluster = "demo", model = "simulated" }}
+
+[[sidecars]]
+url = "{sidecar}"
+engine = "{engine}"
+name = "sim-engine sidecar"
+"""
 
 
 @dataclass
@@ -93,15 +107,18 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
     engine = f"http://{host}:{args.engine_port}"
     sidecar = f"http://{host}:{args.sidecar_port}"
     database_url = args.database_url or f"sqlite:///{args.data_dir / 'prefixops.db'}"
-    common = {"DATABASE_URL": database_url, "PREFIXOPS_OPERATOR_TOKEN": operator_token}
+    fleet = args.data_dir / "fleet.toml"
+    fleet.write_text(FLEET_TOML.format(engine=engine, sidecar=sidecar))
+    common = {"DATABASE_URL": database_url, "PREFIXOPS_OPERATOR_TOKEN": operator_token,
+              "PREFIXOPS_CONFIG": str(fleet)}
     services = [
         Service("simulator", [py, "-m", "simulator", "serve", "--host", host, "--port", str(args.engine_port),
                               "--speed", str(args.speed)], ready_url=f"{engine}/health"),
         Service("sidecar", [py, "-m", "sidecar", "--engine", engine, "--host", host,
                             "--port", str(args.sidecar_port), "--state-db", str(args.data_dir / "sidecar.db")],
                 ready_url=f"{sidecar}/healthz", env=common),
-        Service("collectors", [py, "-m", "collectors", "--engine", engine, "--sidecar", sidecar,
-                               "--database-url", database_url], env=common),
+        Service("collectors", [py, "-m", "collectors", "--config", str(fleet), "--database-url", database_url],
+                env=common),
         Service("dashboard", [py, "-m", "streamlit", "run", str(REPO / "app.py"),
                               "--server.address", host, "--server.port", str(args.dashboard_port),
                               "--server.headless", "true", "--browser.gatherUsageStats", "false"],

@@ -85,23 +85,22 @@ def running(cmd: list[str], *, name: str, ready_url: str | None = None, timeout:
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     if env:
         full_env.update(env)
-    log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, cwd=str(cwd or REPO), env=full_env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    proc.log_path = log.name  # type: ignore[attr-defined]
-    try:
-        if ready_url is not None:
-            wait_http(ready_url, timeout, proc=proc, expect_text=expect_text)
-        yield proc
-    except BaseException as exc:
-        _stop(proc)
-        log.flush()
-        tail = Path(log.name).read_text(errors="replace")[-4000:]
-        exc.add_note(f"--- last output of {name} ({' '.join(cmd)}) ---\n{tail}")
-        raise
-    finally:
-        _stop(proc)
-        log.close()
+    with tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(cmd, cwd=str(cwd or REPO), env=full_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc.log_path = log.name  # type: ignore[attr-defined]
+        try:
+            if ready_url is not None:
+                wait_http(ready_url, timeout, proc=proc, expect_text=expect_text)
+            yield proc
+        except BaseException as exc:
+            _stop(proc)
+            log.flush()
+            tail = Path(log.name).read_text(errors="replace")[-4000:]
+            exc.add_note(f"--- last output of {name} ({' '.join(cmd)}) ---\n{tail}")
+            raise
+        finally:
+            _stop(proc)
 
 
 def read_log(proc: subprocess.Popen) -> str:
