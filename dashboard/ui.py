@@ -71,6 +71,32 @@ def ensure_router() -> None:
         st.stop()
 
 
+def open_sidecar_page(title: str, without_sidecar: str) -> tuple[Settings, EngineRef]:
+    """The common head of the pages that read and act through an engine's sidecar.
+
+    Routes the run, titles the page, and returns the settings and the chosen
+    engine; stops the page with a plain message when there is no database, no
+    engine, or no sidecar in front of the chosen engine (``without_sidecar``
+    says what is therefore missing).
+    """
+    ensure_router()
+    settings = Settings.from_env()
+    st.title(title)
+    require_database(settings)
+    try:
+        engines = data.engines(settings.database_url)
+    except data.DatabaseUnavailable as exc:
+        st.error(str(exc))
+        st.stop()
+    ref = choose_engine(engines)
+    if ref is None:
+        st.stop()
+    if ref.sidecar_target_id is None:
+        st.warning(f"No sidecar fronts this engine: {without_sidecar}")
+        st.stop()
+    return settings, ref
+
+
 def require_database(settings: Settings) -> None:
     """Stop the page with a clear message when there is no database to read."""
     problem = data.database_problem(settings.database_url)

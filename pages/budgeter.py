@@ -10,27 +10,11 @@ from core.budgeter import CONTROLS, BudgeterConfig, ConfigError
 from dashboard import actions, data
 from dashboard import preview as pv
 from dashboard.auth import current_operator, signed_out_reason
-from dashboard.settings import Settings
 from dashboard.status import age_text
-from dashboard.ui import choose_engine, ensure_router, escape_md, fmt_tokens, require_database
+from dashboard.ui import escape_md, fmt_tokens, open_sidecar_page
 
-ensure_router()
-settings = Settings.from_env()
+settings, ref = open_sidecar_page("Budgeter", "there is no budgeter to show or change.")
 url = settings.database_url
-st.title("Budgeter")
-require_database(settings)
-
-try:
-    engines = data.engines(url)
-except data.DatabaseUnavailable as exc:
-    st.error(str(exc))
-    st.stop()
-ref = choose_engine(engines)
-if ref is None:
-    st.stop()
-if ref.sidecar_target_id is None:
-    st.warning("No sidecar fronts this engine: there is no budgeter to show or change.")
-    st.stop()
 
 now = time.time()
 try:

@@ -10,27 +10,11 @@ import streamlit as st
 
 from dashboard import actions, charts, data
 from dashboard.auth import current_operator, signed_out_reason
-from dashboard.settings import Settings
 from dashboard.status import age_text
-from dashboard.ui import choose_engine, ensure_router, escape_md, fmt_ts, require_database
+from dashboard.ui import escape_md, fmt_ts, open_sidecar_page
 
-ensure_router()
-settings = Settings.from_env()
+settings, ref = open_sidecar_page("Compaction", "there is no compaction gate to show or control.")
 url = settings.database_url
-st.title("Compaction")
-require_database(settings)
-
-try:
-    engines = data.engines(url)
-except data.DatabaseUnavailable as exc:
-    st.error(str(exc))
-    st.stop()
-ref = choose_engine(engines)
-if ref is None:
-    st.stop()
-if ref.sidecar_target_id is None:
-    st.warning("No sidecar fronts this engine: there is no compaction gate to show or control.")
-    st.stop()
 sidecar_id = ref.sidecar_target_id
 
 

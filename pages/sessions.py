@@ -10,27 +10,11 @@ import streamlit as st
 from dashboard import actions, data
 from dashboard import queries as q
 from dashboard.auth import current_operator, signed_out_reason
-from dashboard.settings import Settings
 from dashboard.status import age_text
-from dashboard.ui import choose_engine, ensure_router, escape_md, fmt_ts, require_database
+from dashboard.ui import escape_md, fmt_ts, open_sidecar_page
 
-ensure_router()
-settings = Settings.from_env()
+settings, ref = open_sidecar_page("Sessions", "sessions are known only to a sidecar.")
 url = settings.database_url
-st.title("Sessions")
-require_database(settings)
-
-try:
-    engines = data.engines(url)
-except data.DatabaseUnavailable as exc:
-    st.error(str(exc))
-    st.stop()
-ref = choose_engine(engines)
-if ref is None:
-    st.stop()
-if ref.sidecar_target_id is None:
-    st.warning("No sidecar fronts this engine: sessions are known only to a sidecar.")
-    st.stop()
 
 STATES = ["admitted", "parked", "waiting"]
 filters = st.columns([3, 3, 2])
