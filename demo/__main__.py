@@ -150,6 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its readiness polls are not news
     args = parse_args(argv)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     operator_token = os.environ.get("PREFIXOPS_OPERATOR_TOKEN") or secrets.token_urlsafe(24)

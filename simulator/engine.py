@@ -256,7 +256,8 @@ class Engine:
         all_decode = True
         i = 0
         gamma = cost.decode_per_ctx_token_s
-        while i < len(running) and budget > 0:
+        n_running = len(running)
+        while i < n_running and budget > 0:
             req = running[i]
             num_tokens = req.prompt_tokens + req.output
             nc = req.num_computed
@@ -271,6 +272,7 @@ class Engine:
                 ok = True
                 while not pool.allocate(table, req.content, None, total, end // bs):
                     victim = running.pop()
+                    n_running -= 1
                     self._preempt(victim)
                     preempted = True
                     if victim is req:
@@ -344,21 +346,30 @@ class Engine:
         st = self.stats
         st.steps += 1
         st.busy_s += dt
-        st.iteration_tokens.observe(cfg.max_num_batched_tokens - budget)
+        h = st.iteration_tokens
+        v = cfg.max_num_batched_tokens - budget
+        h.counts[bisect.bisect_left(h.bounds, v)] += 1
+        h.total += v
+        h.n += 1
         now = self.now
         finished: list[Request] = []
+        generated = 0
         for req, n in scheduled:
-            req.num_computed += n
-            if req.output == 0 and req.num_computed > req.computed_prefill:
-                req.computed_prefill = req.num_computed
-            if req.num_computed >= req.prompt_tokens + req.output:
-                req.output += 1
-                st.generation_tokens += 1
+            nc = req.num_computed + n
+            req.num_computed = nc
+            out = req.output
+            if out == 0 and nc > req.computed_prefill:
+                req.computed_prefill = nc
+            if nc >= req.prompt_tokens + out:
+                out += 1
+                req.output = out
+                generated += 1
                 if req.first_token_time is None:
                     req.first_token_time = now
                     self._record_first_token(req)
-                if req.output >= req.max_tokens:
+                if out >= req.max_tokens:
                     finished.append(req)
+        st.generation_tokens += generated
         for req in finished:
             self._finish(req)
         self._stationary = (all_decode and not admitted and not finished and not preempted
