@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,6 +47,7 @@ class Lookup:
     hit_free_blocks: int = 0
     offload_blocks: int = 0
     blocks: list[int] | None = None  # BlockPool: the hit block ids, for the allocation that follows
+    block_array: Any = None  # BlockPool: the same ids as a numpy array (read-only, shared with the lookup cache)
 
 
 class Table(Protocol):
@@ -178,7 +179,7 @@ class BlockPool:
         result = Lookup()
         spans = [(self._base(label), lo, hi) for label, lo, hi in content.spans(0, max_blocks, self.block_size)]
         versions = tuple(self._ver.get(base, 0) for base, _, _ in spans)
-        cached = self._lookups.get((id(content), max_blocks))
+        cached: Any = self._lookups.get((id(content), max_blocks))
         if cached is not None and cached[0] is content and cached[1] == versions:
             # no key of these labels was added or evicted since: the same blocks match (a waiting
             # head is looked up every step, as in vLLM; this only skips recomputing an unchanged answer)
@@ -197,13 +198,14 @@ class BlockPool:
                 break
             if len(self._lookups) > 4096:
                 self._lookups.clear()
-            self._lookups[(id(content), max_blocks)] = (content, versions, hits)
-        hits = list(hits)
+            cached = (content, versions, hits, np.array(hits, dtype=np.int64))
+            self._lookups[(id(content), max_blocks)] = cached
+        arr = cached[3]
         result.hit_blocks = len(hits)
         if hits:
-            arr = np.array(hits, dtype=np.int64)
             result.hit_free_blocks = int(np.count_nonzero(self.ref[arr] == 0))
-        result.blocks = hits
+        result.blocks = hits  # shared with the cache: never mutated (allocate only reads it)
+        result.block_array = arr
         result.offload_blocks = self.offload.contains_run(content, result.hit_blocks, max_blocks,
                                                           self.block_size)
         return result
@@ -268,7 +270,7 @@ class BlockPool:
         ref = self.ref
         if n_hit:
             assert hit is not None and hit.blocks is not None
-            arr = np.array(hit.blocks, dtype=np.int64)
+            arr = hit.block_array if hit.block_array is not None else np.array(hit.blocks, dtype=np.int64)
             n_free_hits = int(np.count_nonzero(ref[arr] == 0))
             self._free -= n_free_hits
             self._cached_free -= n_free_hits
