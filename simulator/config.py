@@ -103,7 +103,7 @@ class AgentWorkload:
     initial_context: int = 4600  # first turn's prompt, system prompt included
     context_growth: int = 1000  # prompt growth per turn (previous output + new tool/user text)
     output_tokens: int = 150  # calibrated (SIMULATOR.md: 200): see docs/simulator-results.md
-    tool_latency_mean: float = 3.0  # s, lognormal (SIMULATOR.md: ~3 s); calibration: docs/simulator-results.md
+    tool_latency_mean: float = 2.5  # s, lognormal; calibrated (SIMULATOR.md: ~3 s): see docs/simulator-results.md
     tool_latency_sigma: float = 0.5  # of the underlying normal
     output_budget: int = 1024  # what the client declares (max_tokens) to the budgeter
     flush_at_min: float = -1.0  # prefix-cache flush with preemption at this minute (< 0: none)

@@ -152,6 +152,8 @@ def add_table3_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=90.0)
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--pairs-only", action="store_true",
+                   help="only the pairs (agent-steady and agent-burst under off): a cheap calibration sweep")
     add_common(p)
 
 
@@ -166,10 +168,13 @@ def _table3_job(job: tuple[str, str, str, int, float, dict[str, str], bool]) -> 
 
 
 def table3_jobs(runs: int, seed_base: int, minutes: float, overrides: dict[str, str],
-                exact: bool) -> list[tuple[str, str, str, int, float, dict[str, str], bool]]:
+                exact: bool, pairs_only: bool = False) -> list[tuple[str, str, str, int, float, dict[str, str], bool]]:
     jobs = []
     for seed in range(seed_base, seed_base + runs):
         jobs.append(("pair-steady", "agent-steady", "off", seed, minutes, overrides, exact))
+        if pairs_only:
+            jobs.append(("off", "agent-burst", "off", seed, minutes, overrides, exact))
+            continue
         for control in CONTROLS:
             jobs.append((control, "agent-burst", control, seed, minutes, overrides, exact))
         for row, bands in BAND_VARIANTS.items():
@@ -201,7 +206,10 @@ def summarize_table3(results: Iterable[dict[str, Any]], runs: int, seed_base: in
         data["degraded_at_end_stats"] = {
             "token_weighted_max": max(r["summary"]["end_hit_ratio"] or 0.0 for r in degraded_end),
             "turns_per_s_max": max(r["summary"]["end_turns_per_s"] for r in degraded_end),
+            "turns_per_s_min": min(r["summary"]["end_turns_per_s"] for r in degraded_end),
+            "turns_per_s_median": statistics.median(r["summary"]["end_turns_per_s"] for r in degraded_end),
             "offered_turns_per_s": degraded_end[0]["summary"]["offered_turns_per_s"],
+            "steady_offered_turns_per_s": degraded_end[0]["summary"]["steady_offered_turns_per_s"],
             "sessions_slope_per_min_min": min(r["summary"]["sessions_slope_per_min"] for r in degraded_end),
         }
     for row in [*CONTROLS, *BAND_VARIANTS]:
@@ -234,6 +242,14 @@ def table3_markdown(data: dict[str, Any]) -> str:
     neither = data["pairs"] - data["burst_only_degraded"] - data["steady_only_degraded"] - data["both_degraded"]
     lines.append(f"| {data['pairs']} | {data['burst_only_degraded']} | {data['steady_only_degraded']} | "
                  f"{data['both_degraded']} | {neither} |")
+    st = data.get("degraded_at_end_stats")
+    if st:
+        lines += ["", f"Degraded burst runs at minute {data['minutes']:g}: token_weighted <= "
+                  f"{st['token_weighted_max']:.3f}, turns/s {st['turns_per_s_min']:.2f}–{st['turns_per_s_max']:.2f} "
+                  f"(offered {st['offered_turns_per_s']:g}, {st['steady_offered_turns_per_s']:g} without the burst), "
+                  f"sessions in system slope >= {st['sessions_slope_per_min_min']:+.2f}/min."]
+    if data.get("pairs_only"):
+        return "\n".join(lines) + "\n"
     lines += ["", "Controls on `agent-burst`, switched on at minute 20 (only runs collapsed at minute 20 count):", "",
               "| control | collapsed runs recovered | time to recover (min) | hit ratio at end |", "|---|---|---|---|"]
     for row in [*CONTROLS, *BAND_VARIANTS]:
@@ -279,12 +295,13 @@ def table3_command(args: argparse.Namespace) -> int:
         return 2
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    jobs = table3_jobs(args.runs, args.seed_base, args.minutes, overrides, args.exact)
+    jobs = table3_jobs(args.runs, args.seed_base, args.minutes, overrides, args.exact, args.pairs_only)
     results: list[dict[str, Any]] = []
     with Pool(_jobs(args.jobs)) as pool:
         for r in tqdm(pool.imap_unordered(_table3_job, jobs), total=len(jobs), desc="table3 runs", unit="run"):
             results.append(r)
     data = summarize_table3(results, args.runs, args.seed_base, args.minutes)
+    data["pairs_only"] = args.pairs_only
     data["commands"] = {"table3": " ".join(["python -m simulator", *sys.argv[1:]])}
     data["run_summaries"] = sorted(
         ({"row": r["row"], "scenario": r["scenario"], "seed": r["seed"],
@@ -293,7 +310,8 @@ def table3_command(args: argparse.Namespace) -> int:
     _write_json(out / "table3.json", data)
     md = table3_markdown(data)
     (out / "table3.md").write_text(md)
-    plot_table3(results, out / "table3.png")
+    if not args.pairs_only:
+        plot_table3(results, out / "table3.png")
     print(md)
     return 0
 

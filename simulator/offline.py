@@ -267,6 +267,7 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
         "wall_s": round(wall_s, 4),
         "sim_minutes_per_wall_s": round(minutes / wall_s, 1) if wall_s > 0 else None,
         "offered_turns_per_s": round((a.arrival_rate + a.burst_rate * a.burst_minutes * 60 / horizon) * a.turns, 4),
+        "steady_offered_turns_per_s": round(a.arrival_rate * a.turns, 4),  # the load offered after the burst
         "engine_steps": st.steps,
         "preemptions": st.preemptions,
         "evicted_blocks": engine.pool.evictions(),

@@ -63,6 +63,15 @@ def test_table3_writes_the_table_and_its_json(tmp_path: Path) -> None:
     assert "table3 runs" in res.stderr  # the progress bar
 
 
+def test_table3_pairs_only_runs_just_the_pairs(tmp_path: Path) -> None:
+    res = sim("table3", "--runs", "2", "--minutes", "3", "--jobs", "2", "--pairs-only", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    data = json.loads((tmp_path / "table3.json").read_text())
+    assert data["pairs"] == 2 and data["pairs_only"] is True
+    assert {r["row"] for r in data["run_summaries"]} == {"pair-steady", "off"}
+    assert "| control |" not in (tmp_path / "table3.md").read_text()
+
+
 def test_compaction_writes_its_table(tmp_path: Path) -> None:
     res = sim("compaction", "--runs", "1", "--minutes", "3", "--jobs", "2", "--out", str(tmp_path),
               "--set", "storm_start_min=1", "--set", "storm_minutes=1")

@@ -45,3 +45,11 @@ def test_session_cap_park_recovers_and_admission_only_does_not(runs: dict[str, d
 def test_steady_run_of_the_same_seed_stays_healthy() -> None:
     s = run_scenario("agent-steady", "off", SEED, MINUTES)["summary"]
     assert not s["collapsed"] and not s["degraded_at_end"] and s["end_hit_ratio"] >= 0.9
+
+
+def test_the_burst_is_a_fixed_number_of_extra_sessions() -> None:
+    # burst_process=uniform (the default): burst_rate * window sessions, one per equal slot, whatever the seed
+    for seed in (0, 1, 2):
+        burst = run_scenario("agent-burst", "off", seed, 11)["summary"]["sessions_arrived"]
+        steady = run_scenario("agent-steady", "off", seed, 11)["summary"]["sessions_arrived"]
+        assert burst - steady == 24
