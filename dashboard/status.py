@@ -68,11 +68,12 @@ def engine_status(ref: EngineRef, health: dict[int, TargetHealth], *, now: float
     if now - oldest > stale_after:
         h = min(parts, key=lambda x: x.last_success_ts or 0.0)
         return EngineStatus("stale", f"{h.role} {h.name}: last good scrape {age_text(now - oldest)}")
-    collapse = sorted(r for r in firing_rules if "collapse" in r)
-    if collapse:
-        return EngineStatus("collapsed", f"alert {collapse[0]} firing")
+    if "collapse" in firing_rules:
+        return EngineStatus("collapsed", "alert collapse firing")
     if regime == "thin-reuse":
         return EngineStatus("thin-reuse", "sidecar reports the thin-reuse regime (D above threshold)")
+    if "thin-reuse" in firing_rules:
+        return EngineStatus("thin-reuse", "alert thin-reuse firing (D above threshold)")
     if ref.sidecar_target_id is None:
         return EngineStatus("healthy", "engine up (no sidecar: no R_t/R_r, no controls)")
     return EngineStatus("healthy", "up, fresh data, no collapse alert, normal reuse regime")

@@ -305,14 +305,14 @@ def test_acknowledge_alert_writes_who_and_audits(db_url: str) -> None:
 def test_silence_a_rule_on_an_engine(db_url: str) -> None:
     at = sign_in(app())
     at.switch_page("pages/alerts.py").run()
-    at.selectbox(key="silence_rule").set_value("thin_reuse").run()
+    at.selectbox(key="silence_rule").set_value("thin-reuse").run()
     at.selectbox(key="silence_engine").set_value("a").run()
     at.selectbox(key="silence_minutes").set_value(240).run()
     at.button(key="silence_add").click().run()
-    assert "Silence rule thin\\_reuse on engine a for 240 min" in texts(at)
+    assert "Silence rule thin\\-reuse on engine a for 240 min" in texts(at)
     at.button(key="confirm_action").click().run()
     with make_engine(db_url).connect() as conn:
-        rows = conn.execute(select(Silence).where(Silence.rule == "thin_reuse")).all()
+        rows = conn.execute(select(Silence).where(Silence.rule == "thin-reuse")).all()
     assert len(rows) == 2 and {r.created_by for r in rows} == {"alice"}
     assert all(abs((r.ends_ts - r.starts_ts) - 240 * 60) < 1 for r in rows)
     assert dashboard_audit(db_url)[-1].action == "alert.silence"
