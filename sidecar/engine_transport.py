@@ -4,8 +4,10 @@ Why: with httpx's default transport (httpcore over anyio) the sidecar spent abou
 CPU per proxied request, and httpcore's pool walks every pooled connection (with a
 ``poll`` syscall each) on every request, so the cost grows with concurrency. This
 transport keeps idle connections per origin on a LIFO stack (O(1) to take and give
-back), writes each request in one ``write`` and parses responses with a few
-``readuntil`` calls on asyncio streams. The sidecar still talks to the engine through
+back), writes each request in one ``write`` and parses responses with
+``httptools.HttpResponseParser`` (llhttp, as uvicorn does): status line, headers, 1xx
+responses, Content-Length/chunked/close-delimited bodies and the keep-alive decision are
+llhttp's; response bodies are handed on piece by piece as they arrive (SSE is not buffered). The sidecar still talks to the engine through
 one shared ``httpx.AsyncClient`` (``client.send(..., stream=True)`` for streams);
 ``--engine-transport httpcore`` switches back to httpx's default transport.
 
@@ -24,6 +26,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 
+import httptools
 import httpx
 
 _NO_TIMEOUT = contextlib.nullcontext()
@@ -54,56 +57,117 @@ class _Conn:
 Origin = tuple[str, str, int]
 
 
+class _Parse:
+    """Callbacks for one ``httptools.HttpResponseParser`` (llhttp): one parser per response."""
+
+    __slots__ = ("parser", "head_only", "reason", "headers", "head_done", "done", "keep_alive", "raw", "body")
+
+    def __init__(self, head_only: bool) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.head_only = head_only  # response to HEAD: llhttp cannot be told, so the body is skipped here
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False  # the final (non-1xx) response head has been parsed
+        self.done = False  # the final response is complete
+        self.keep_alive = False
+        self.raw = False  # 101 Switching Protocols: the rest of the connection is passed through as the body
+        self.body: list[bytes] = []  # body pieces parsed but not yet yielded
+
+    def on_message_begin(self) -> None:
+        if self.done:  # bytes after the complete response: never reuse this connection
+            self.keep_alive = False
+        else:  # first message, or the final one after a 1xx informational response
+            self.reason = b""
+            self.headers = []
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            return  # 1xx informational: llhttp completes it without a body; the final head follows
+        self.head_done = True
+        if self.head_only:
+            self.done = True
+            self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, data: bytes) -> None:
+        if self.done:  # a body after a HEAD response: the connection is out of step
+            self.keep_alive = False
+        else:
+            self.body.append(data)
+
+    def on_message_complete(self) -> None:
+        if self.head_done and not self.done:
+            self.done = True
+            self.keep_alive = self.parser.should_keep_alive()
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; raises ``httptools.HttpParserError`` on a malformed response."""
+        if self.raw:
+            self.body.append(data)
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self.raw, self.done, self.keep_alive = True, False, False
+            rest = data[exc.args[0]:]
+            if rest:
+                self.body.append(rest)
+
+    def eof(self) -> bool:
+        """The engine closed the connection: True if that ends the response (close-delimited body)."""
+        if self.done:
+            return True
+        if not self.head_done:
+            return False
+        if self.raw:
+            self.done = True
+            return True
+        for name, value in self.headers:
+            lower = name.lower()
+            if lower == b"content-length" or (lower == b"transfer-encoding" and b"chunked" in value.lower()):
+                return False  # framed body cut short
+        self.done, self.keep_alive = True, False
+        return True
+
+
 class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, transport: EngineTransport, conn: _Conn, origin: Origin, framing: str, length: int,
-                 keep_alive: bool, read_timeout: float | None, request: httpx.Request) -> None:
+    def __init__(self, transport: EngineTransport, conn: _Conn | None, origin: Origin, parse: _Parse,
+                 read_timeout: float | None, request: httpx.Request) -> None:
         self.transport = transport
-        self.conn = conn
+        self.conn = conn  # None once given back (the whole response arrived with its head)
         self.origin = origin
-        self.framing = framing
-        self.length = length
-        self.keep_alive = keep_alive
+        self.parse = parse
         self.read_timeout = read_timeout
         self.request = request
-        self.complete = framing == "none"
-        self.released = False
+        self.released = conn is None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        reader = self.conn.reader
+        parse = self.parse
         try:
-            if self.framing == "length":
-                remaining = self.length
-                while remaining > 0:
-                    async with _timeout(self.read_timeout):
-                        data = await reader.read(min(remaining, 1 << 20))
-                    if not data:
-                        raise httpx.RemoteProtocolError(
-                            "engine closed the connection before the response body was complete",
-                            request=self.request)
-                    remaining -= len(data)
-                    yield data
-            elif self.framing == "chunked":
-                while True:
-                    async with _timeout(self.read_timeout):
-                        line = await reader.readuntil(b"\r\n")
-                        size = int(line.split(b";", 1)[0].strip(), 16)
-                        if size == 0:
-                            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                                pass  # trailers
-                            break
-                        data = await reader.readexactly(size + 2)
-                    yield data[:-2]
-            elif self.framing == "eof":
-                while True:
-                    async with _timeout(self.read_timeout):
-                        data = await reader.read(1 << 20)
-                    if not data:
-                        break
-                    yield data
-            self.complete = True
+            while True:
+                if parse.body:
+                    pieces, parse.body = parse.body, []
+                    for piece in pieces:
+                        yield piece
+                if parse.done or self.conn is None:
+                    return
+                async with _timeout(self.read_timeout):
+                    data = await self.conn.reader.read(1 << 20)
+                if data:
+                    parse.feed(data)
+                elif not parse.eof():
+                    raise httpx.RemoteProtocolError(
+                        "engine closed the connection before the response body was complete",
+                        request=self.request)
         except TimeoutError:
             raise httpx.ReadTimeout("engine did not send the response body in time", request=self.request) from None
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError) as exc:
+        except (httptools.HttpParserError, ConnectionError) as exc:
             raise httpx.RemoteProtocolError(f"engine response body broke off: {type(exc).__name__}: {exc}",
                                             request=self.request) from None
 
@@ -111,10 +175,12 @@ class _ResponseStream(httpx.AsyncByteStream):
         if self.released:
             return
         self.released = True
-        if self.complete and self.keep_alive and self.framing != "eof":
-            self.transport._release(self.origin, self.conn)
+        conn = self.conn
+        assert conn is not None
+        if self.parse.done and self.parse.keep_alive:
+            self.transport._release(self.origin, conn)
         else:
-            self.conn.close()
+            conn.close()
 
 
 class EngineTransport(httpx.AsyncBaseTransport):
@@ -173,71 +239,51 @@ class EngineTransport(httpx.AsyncBaseTransport):
         lines.extend(b"%s: %s" % (k, v) for k, v in request.headers.raw)
         payload = b"\r\n".join(lines) + b"\r\n\r\n" + body
 
+        head_only = request.method == "HEAD"
         for attempt in (0, 1):
             conn, reused = await self._acquire(origin, connect_timeout, request)
+            parse = _Parse(head_only)
+            received = 0
             try:
                 conn.writer.write(payload)
                 async with _timeout(read_timeout):
-                    head = await conn.reader.readuntil(b"\r\n\r\n")
-                    while head[9:10] == b"1" and head[9:12] != b"101":  # 1xx informational: skip
-                        head = await conn.reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                conn.close()
-                if reused and attempt == 0 and not exc.partial:
-                    continue  # the engine closed this idle keep-alive connection: once more on a fresh one
-                raise httpx.RemoteProtocolError("engine closed the connection without a response",
-                                                request=request) from None
+                    while not parse.head_done:
+                        data = await conn.reader.read(1 << 20)
+                        if not data:
+                            break
+                        received += len(data)
+                        parse.feed(data)
             except (ConnectionResetError, BrokenPipeError) as exc:
                 conn.close()
-                if reused and attempt == 0:
-                    continue
+                if reused and attempt == 0 and not received:
+                    continue  # the engine closed this idle keep-alive connection: once more on a fresh one
                 raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from None
             except TimeoutError:
                 conn.close()
                 raise httpx.ReadTimeout("engine did not answer in time", request=request) from None
-            except (asyncio.LimitOverrunError, OSError) as exc:
+            except httptools.HttpParserError as exc:
+                conn.close()
+                raise httpx.RemoteProtocolError(f"malformed response head: {type(exc).__name__}: {exc}",
+                                                request=request) from None
+            except OSError as exc:
                 conn.close()
                 raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from None
+            if not parse.head_done:  # EOF before the response head was complete
+                conn.close()
+                if reused and attempt == 0 and not received:
+                    continue  # the engine closed this idle keep-alive connection: once more on a fresh one
+                raise httpx.RemoteProtocolError("engine closed the connection without a response",
+                                                request=request)
             break
         else:  # pragma: no cover - the loop always breaks or raises
             raise httpx.ReadError("no response", request=request)
 
-        head_lines = head[:-4].split(b"\r\n")
-        status_line = head_lines[0].split(b" ", 2)
-        try:
-            status = int(status_line[1])
-        except (IndexError, ValueError):
-            conn.close()
-            raise httpx.RemoteProtocolError(f"malformed status line {head_lines[0][:80]!r}",
-                                            request=request) from None
-        reason = status_line[2] if len(status_line) > 2 else b""
-        headers: list[tuple[bytes, bytes]] = []
-        framing, length, keep_alive = "eof", 0, True
-        for line in head_lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip()
-            value = value.strip()
-            headers.append((name, value))
-            lower = name.lower()
-            if lower == b"content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    conn.close()
-                    raise httpx.RemoteProtocolError(f"bad content-length {value!r}", request=request) from None
-                if framing != "chunked":
-                    framing = "length"
-            elif lower == b"transfer-encoding" and b"chunked" in value.lower():
-                framing = "chunked"
-            elif lower == b"connection" and value.lower() == b"close":
-                keep_alive = False
-        if request.method == "HEAD" or status in (204, 304) or (framing == "length" and length == 0):
-            framing = "none"
-        stream = _ResponseStream(self, conn, origin, framing, length, keep_alive, read_timeout, request)
-        if framing == "none":
+        stream = _ResponseStream(self, conn, origin, parse, read_timeout, request)
+        if parse.done:  # the whole response came with its head (or has no body): give the connection back now
             await stream.aclose()
-        return httpx.Response(status, headers=headers, stream=stream,
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": reason})
+            stream.conn = None
+        return httpx.Response(parse.parser.get_status_code(), headers=parse.headers, stream=stream,
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": parse.reason})
 
     async def aclose(self) -> None:
         for stack in self._idle.values():

@@ -151,3 +151,92 @@ async def test_connection_close_and_bodiless_responses() -> None:
         assert r.status_code == 204 and r.content == b""
         assert (await client.post(url + "/after", content=b"abc")).json() == {"echo": 3}
         assert len(conns) == 2  # the close-delimited response's connection was not reused
+
+
+async def test_head_split_across_reads_1xx_skipped_and_chunked_trailers() -> None:
+    async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        wire = (b"HTTP/1.1 100 Continue\r\n\r\n"
+                b"HTTP/1.1 201 Created\r\nx-a: 1\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: t\r\n\r\n")
+        for i in range(0, len(wire), 7):
+            writer.write(wire[i:i + 7])
+            await writer.drain()
+            await asyncio.sleep(0)
+        await keep_alive_json(reader, writer, n)
+
+    transport = EngineTransport()
+    async with server(dribble) as (url, conns), httpx.AsyncClient(transport=transport) as client:
+        r = await client.post(url, content=b"x")
+        assert r.status_code == 201 and r.reason_phrase == "Created" and r.text == "hello world"
+        assert r.headers["x-a"] == "1"
+        assert (await client.post(url, content=b"abcd")).json() == {"echo": 4}
+        assert len(conns) == 1
+
+
+async def test_head_response_has_no_body_and_keeps_the_connection() -> None:
+    async def head_then_json(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n")
+        await writer.drain()
+        await keep_alive_json(reader, writer, n)
+
+    transport = EngineTransport()
+    async with server(head_then_json) as (url, conns), httpx.AsyncClient(transport=transport) as client:
+        r = await client.head(url)
+        assert r.status_code == 200 and r.content == b"" and r.headers["content-length"] == "42"
+        assert (await client.post(url, content=b"ab")).json() == {"echo": 2}
+        assert len(conns) == 1
+
+
+async def test_malformed_head_and_broken_chunked_body_are_protocol_errors() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"NOT-HTTP nonsense\r\n\r\n")
+        await writer.drain()
+
+    async def cut_chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+
+    async with server(garbage) as (url, _), httpx.AsyncClient(transport=EngineTransport()) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.post(url, content=b"x")
+    async with (server(cut_chunked) as (url, _), httpx.AsyncClient(transport=EngineTransport()) as client,
+                client.stream("POST", url, content=b"x") as r):
+        chunks = r.aiter_raw()
+        assert await chunks.__anext__() == b"hello"
+        with pytest.raises(httpx.RemoteProtocolError):
+            await chunks.__anext__()
+
+
+async def test_chunks_arriving_together_are_still_yielded_one_by_one() -> None:
+    async def burst(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                     b"3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n")
+        await writer.drain()
+        await keep_alive_json(reader, writer, n)
+
+    async with server(burst) as (url, conns), httpx.AsyncClient(transport=EngineTransport()) as client:
+        async with client.stream("POST", url, content=b"x") as r:
+            assert [c async for c in r.aiter_raw()] == [b"one", b"two"]
+        assert (await client.post(url, content=b"x")).json() == {"echo": 1}
+        assert len(conns) == 1
+
+
+async def test_switching_protocols_passes_the_rest_of_the_connection_through() -> None:
+    async def upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\nraw-1")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"raw-2")
+        await writer.drain()
+
+    transport = EngineTransport()
+    async with server(upgrade) as (url, _), httpx.AsyncClient(transport=transport) as client:
+        r = await asyncio.wait_for(client.get(url), 5)
+        assert r.status_code == 101 and r.content == b"raw-1raw-2"
+        assert not any(transport._idle.values())
