@@ -315,6 +315,16 @@ class Store:
     def all_series_ids(self, conn: Connection) -> list[int]:
         return list(conn.execute(select(Series.id).order_by(Series.id)).scalars())
 
+    @staticmethod
+    def _first_bucket(conn: Connection, table: Any, ids: Sequence[int], bucket_s: float, *, default: float) -> float:
+        """Start of the bucket holding the oldest row of `table` (samples or a rollup tier), or `default`."""
+        first = None
+        for chunk in _chunks(ids):
+            m = conn.execute(select(func.min(table.ts)).where(table.series_id.in_(chunk))).scalar()
+            if m is not None:
+                first = m if first is None else min(first, m)
+        return math.floor(first / bucket_s) * bucket_s if first is not None else default
+
     def rollup(self, now: float | None = None, *, lag_s: float = ROLLUP_LAG_S) -> int:
         """Roll complete minutes of raw samples into rollups_1m, from the watermark on. Returns rows written."""
         now = self.clock() if now is None else now
@@ -324,12 +334,7 @@ class Store:
             start = self._state(conn, ROLLUP_WATERMARK_KEY)
             ids = self.all_series_ids(conn)
             if start is None:
-                first = None
-                for chunk in _chunks(ids):
-                    m = conn.execute(select(func.min(Sample.ts)).where(Sample.series_id.in_(chunk))).scalar()
-                    if m is not None:
-                        first = m if first is None else min(first, m)
-                start = math.floor(first / 60.0) * 60.0 if first is not None else end
+                start = self._first_bucket(conn, Sample, ids, 60.0, default=end)
             stop = min(end, start + ROLLUP_MAX_MINUTES * 60.0)
             if stop <= start:
                 if self._state(conn, ROLLUP_WATERMARK_KEY) is None:
@@ -364,12 +369,7 @@ class Store:
             start = self._state(conn, ROLLUP10_WATERMARK_KEY)
             ids = self.all_series_ids(conn)
             if start is None:
-                first = None
-                for chunk in _chunks(ids):
-                    m = conn.execute(select(func.min(Rollup1m.ts)).where(Rollup1m.series_id.in_(chunk))).scalar()
-                    if m is not None:
-                        first = m if first is None else min(first, m)
-                start = math.floor(first / 600.0) * 600.0 if first is not None else end
+                start = self._first_bucket(conn, Rollup1m, ids, 600.0, default=end)
             stop = min(end, start + 7 * 86400.0)  # a week per transaction when backfilling
             if stop > start:
                 for chunk in _chunks(ids):
