@@ -121,6 +121,7 @@ def one_line(result: dict[str, Any]) -> str:
     return (f"{result['scenario']} control={result['control']} seed={result['seed']} minutes={result['minutes']:g} "
             f"collapsed={s['collapsed']} recovered={s['recovered']} minutes_to_recover={s['minutes_to_recover']} "
             f"end_hit_ratio={s['end_hit_ratio']} end_turns_per_s={s['end_turns_per_s']} "
+            f"steady_offered_turns_per_s={s['steady_offered_turns_per_s']} "
             f"sessions_in_system={s['end_sessions_in_system']:g} wall_s={s['wall_s']} "
             f"({s.get('sim_minutes_per_wall_s')} sim-min/wall-s, {result['mode']})")
 

@@ -41,8 +41,8 @@ def scenario_config(name: str, base: SimConfig | None = None) -> SimConfig:
     if name == "agent-steady":
         return replace(cfg, agent=replace(cfg.agent, burst_rate=0.0))
     if name == "agent-burst":
-        # 24 extra sessions over 5 minutes (SIMULATOR.md's prototype: ~15, Poisson); see docs/simulator-results.md
-        return replace(cfg, agent=replace(cfg.agent, burst_rate=0.08))
+        # 30 extra sessions over 5 minutes (SIMULATOR.md's prototype: ~15, Poisson); see docs/simulator-results.md
+        return replace(cfg, agent=replace(cfg.agent, burst_rate=0.1))
     if name == "agent-flush":
         return replace(cfg, agent=replace(cfg.agent, burst_rate=0.0, flush_at_min=10.0))
     if name == "rag-storm":
