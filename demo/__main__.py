@@ -7,6 +7,19 @@ dashboard URL and the operator credentials it generated. Ctrl-C or SIGTERM
 stops every process it started. A process that dies is reported with the
 tail of its log and restarted (a few times at most), so one crash does not
 take the demo down silently.
+
+Scenarios (``--scenario``):
+
+- ``steady`` (default): a few concurrent agent sessions, a healthy cache.
+- ``collapse``: the agent preset of the offline experiments, live. Sessions
+  arrive without a cap and a burst of 30 extra sessions comes at simulated
+  minute 5. The demo sets the sidecar's control mode to ``off`` through the
+  authenticated control API (so it shows in the audit log), and the engine
+  collapses: the token-weighted hit rate falls to ~0.13 while the
+  request-weighted one stays at ~1.0 and the backlog grows. Switching the
+  Budgeter page to ``budgeter-park`` brings it back within a few simulated
+  minutes. It keeps its own data directory (``data/collapse``) so its history
+  and its sidecar state do not mix with the steady demo's.
 """
 
 from __future__ import annotations
@@ -101,6 +114,53 @@ def wait_ready(service: Service, timeout: float) -> None:
                        f"{service.tail()}")
 
 
+def collapse_alert_table(speed: float) -> str:
+    """The collapse rule's windows in wall seconds, scaled by the simulator's speed.
+
+    The rule judges a 5-minute window against a 30-minute baseline of the engine's own time; at
+    speed x10 those are 30 s and 3 min of wall time, so the alert fires as it would on a real engine.
+    """
+    return f"""
+# Time-scaled for the simulator's speed x{speed:g}: the collapse rule's windows are in engine time.
+[alerts]
+collapse_window_s = {300 / speed:g}
+collapse_baseline_s = {1800 / speed:g}
+collapse_for_s = {max(2.0, 15 / speed):g}
+collapse_clear_s = {max(3.0, 30 / speed):g}
+collapse_eval_every_s = {max(1.0, 5 / speed):g}
+"""
+
+
+SCENARIOS = ("steady", "collapse")
+DEFAULT_SPEED = {"steady": 4.0, "collapse": 10.0}
+
+
+def loadgen_args(scenario: str, speed: float) -> list[str]:
+    """The load generator's arguments for ``scenario`` (arrival rates are per wall second)."""
+    if scenario == "steady":
+        return []
+    # simulator/config.py's agent preset and agent-burst scenario (docs/simulator-results.md), in wall time
+    from simulator.config import AgentWorkload
+
+    a = AgentWorkload()
+    burst_rate = 0.1  # agent-burst: 30 extra sessions over minutes 5-10
+    return ["--sessions-per-s", f"{a.arrival_rate * speed:g}", "--max-sessions", "10000",
+            "--turns", str(a.turns), "--initial-context", str(a.initial_context),
+            "--context-growth", str(a.context_growth), "--output-tokens", str(a.output_tokens),
+            "--tool-latency", f"{a.tool_latency_mean:g}",
+            "--burst-at", f"{a.burst_start_min * 60 / speed:g}", "--burst-seconds", f"{a.burst_minutes * 60 / speed:g}",
+            "--burst-rate", f"{burst_rate * speed:g}"]
+
+
+def set_control_mode(sidecar: str, token: str, mode: str) -> None:
+    """Set the sidecar's control mode as an operator would: authenticated, and recorded in its audit log."""
+    response = httpx.put(f"{sidecar}/control/budgeter", json={"mode": mode}, timeout=10,
+                         headers={"Authorization": f"Bearer {token}", "X-Actor": "demo"})
+    if response.status_code != 200:
+        raise RuntimeError(f"the sidecar refused mode {mode!r}: HTTP {response.status_code} {response.text[:300]}")
+    log.info("sidecar control mode set to %s (recorded in its audit log as actor 'demo')", mode)
+
+
 def build_services(args: argparse.Namespace, operator_token: str, passphrase: str) -> list[Service]:
     py = sys.executable
     host = args.host
@@ -108,7 +168,10 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
     sidecar = f"http://{host}:{args.sidecar_port}"
     database_url = args.database_url or f"sqlite:///{args.data_dir / 'prefixops.db'}"
     fleet = args.data_dir / "fleet.toml"
-    fleet.write_text(FLEET_TOML.format(engine=engine, sidecar=sidecar))
+    toml = FLEET_TOML.format(engine=engine, sidecar=sidecar)
+    if args.scenario == "collapse":
+        toml += collapse_alert_table(args.speed)
+    fleet.write_text(toml)
     common = {"DATABASE_URL": database_url, "PREFIXOPS_OPERATOR_TOKEN": operator_token,
               "PREFIXOPS_CONFIG": str(fleet)}
     services = [
@@ -124,7 +187,8 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
                               "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                 ready_url=f"http://{host}:{args.dashboard_port}/_stcore/health",
                 env={**common, "PREFIXOPS_OPERATOR_PASSPHRASE": passphrase}),
-        Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed)]),
+        Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed),
+                            *loadgen_args(args.scenario, args.speed)]),
     ]
     for service in services:
         service.log_dir = args.data_dir / "logs"
@@ -137,15 +201,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT", "8000")))
     parser.add_argument("--sidecar-port", type=int, default=int(os.environ.get("SIDECAR_PORT", "8100")))
     parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
-    parser.add_argument("--speed", type=float, default=float(os.environ.get("DEMO_SPEED", "4")),
-                        help="simulated seconds per wall second for the engine and the load (default 4)")
-    parser.add_argument("--data-dir", type=Path, default=REPO / "data",
-                        help="where the SQLite databases and the processes' logs go (default data/)")
+    parser.add_argument("--scenario", choices=SCENARIOS, default=os.environ.get("DEMO_SCENARIO", "steady"),
+                        help="steady: healthy traffic (default); collapse: the burst that collapses the engine, "
+                             "for an operator to bring back with the budgeter")
+    speed = os.environ.get("DEMO_SPEED")
+    parser.add_argument("--speed", type=float, default=float(speed) if speed else None,
+                        help="simulated seconds per wall second for the engine and the load "
+                             "(default 4; 10 for the collapse scenario)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where the SQLite databases and the processes' logs go "
+                             "(default data/; data/collapse for the collapse scenario)")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
                         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
     args = parser.parse_args(argv)
+    if args.scenario not in SCENARIOS:
+        parser.error(f"DEMO_SCENARIO must be one of {', '.join(SCENARIOS)}, got {args.scenario!r}")
+    if args.speed is None:
+        args.speed = DEFAULT_SPEED[args.scenario]
+    if args.speed <= 0:
+        parser.error(f"--speed must be > 0, got {args.speed:g}")
+    if args.data_dir is None:
+        args.data_dir = REPO / "data" / ("collapse" if args.scenario == "collapse" else "")
     args.data_dir = args.data_dir.resolve()
     return args
+
+
+def scenario_note(args: argparse.Namespace) -> str:
+    if args.scenario == "steady":
+        return "Demo traffic is flowing through the sidecar. "
+    burst_in = 5 * 60 / args.speed
+    return f"""Scenario: collapse. The sidecar's control mode is off. A burst of 30 extra agent sessions
+  starts at simulated minute 5 (in about {burst_in:.0f} s) and the engine collapses a few simulated
+  minutes later: on the Overview page the token-weighted hit rate falls to ~0.13 while the
+  request-weighted one stays near 1.0, and the backlog keeps growing after the burst ends.
+  Bring it back: sign in, open the Budgeter page and set the mode to budgeter-park (or
+  PUT /control/budgeter {{"mode": "budgeter-park"}} on the sidecar with the token above).
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
             service.start()
             if service.ready_url:
                 wait_ready(service, timeout=90)
+            if service.name == "sidecar" and args.scenario == "collapse":
+                # no control, so the burst collapses the engine
+                set_control_mode(f"http://{args.host}:{args.sidecar_port}", operator_token, "off")
             if stopping:
                 return 0
         url = f"http://{args.host}:{args.dashboard_port}"
@@ -181,7 +275,7 @@ PrefixOps is up.
   database    {services[2].env["DATABASE_URL"]}
   sign in on the dashboard as any name with passphrase: {passphrase}
   sidecar operator token (Authorization: Bearer ...):  {operator_token}
-Demo traffic is flowing through the sidecar. Ctrl-C stops everything.
+{scenario_note(args)}Ctrl-C stops everything.
 """, flush=True)
         while not stopping:
             time.sleep(0.5)

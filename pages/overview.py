@@ -160,14 +160,19 @@ def charts_panel(span: float) -> None:
                                     "Engine KV usage gauge (UTC; excludes idle cached prefixes)", "fraction",
                                     y_range=(0, 1.05), **common),
                         key="overview_kv", width="stretch")
+        # at least the pool and a margin, and always the whole line: demand past the pool is the collapse signal
+        demand = frame.loc[frame["signal"] == "demand_fraction", "value"] if not frame.empty else frame
+        peak = float(demand.max()) if len(demand) else 0.0
         st.plotly_chart(_per_engine(frame, sidecars, "demand_fraction", "KV demand / pool per engine (UTC)",
-                                    "fraction of pool", y_range=(0, 1.2), **common),
+                                    "fraction of pool", y_range=(0, max(1.2, 1.05 * peak)), threshold=1.0,
+                                    threshold_label="KV pool", **common),
                         key="overview_demand", width="stretch")
 
 
 def _per_engine(frame: pd.DataFrame, names: dict[int, str], signals: str | tuple[str, ...], title: str,
                 y_title: str, *, start: float, end: float, now: float, stale_after: float, max_gap: float,
-                threshold: float | None = None, y_range: tuple[float, float] | None = None) -> go.Figure:
+                threshold: float | None = None, threshold_label: str | None = None,
+                y_range: tuple[float, float] | None = None) -> go.Figure:
     palette = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
     sigs = (signals,) if isinstance(signals, str) else signals
     fig = go.Figure()
@@ -181,7 +186,7 @@ def _per_engine(frame: pd.DataFrame, names: dict[int, str], signals: str | tuple
                 fig.add_trace(trace)
     if threshold is not None:
         fig.add_hline(y=threshold, line=dict(color="#d62728", dash="dash", width=1),
-                      annotation_text=f"threshold {threshold:g}", annotation_position="top left")
+                      annotation_text=threshold_label or f"threshold {threshold:g}", annotation_position="top left")
     fig.update_yaxes(title_text=y_title, range=list(y_range) if y_range else None, rangemode="tozero")
     charts.add_staleness(fig, None if frame.empty else float(frame["ts"].max()), now, stale_after)
     fig.update_layout(**{**charts.BASE_LAYOUT, "height": 280}, title=dict(text=title, font=dict(size=14)))

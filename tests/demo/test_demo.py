@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 
@@ -69,3 +70,54 @@ def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
         assert proc.returncode == 0, read_log(proc)[-3000:]
     for name, port in ports.items():
         assert not listening(port), f"{name} still listens on {port} after the demo stopped"
+
+
+def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_path):
+    """`python -m demo --scenario collapse`: the burst collapses the live engine (R_t low while R_r stays
+    high, the backlog growing), the collectors raise the collapse alert, and an operator's switch to
+    budgeter-park brings the hit rate back. The demo's own mode change is authenticated and audited."""
+    ports = {name: free_port() for name in ("engine", "sidecar", "dashboard")}
+    token = "collapse-demo-token"
+    cmd = [PYTHON, "-m", "demo", "--scenario", "collapse", "--engine-port", str(ports["engine"]),
+           "--sidecar-port", str(ports["sidecar"]), "--dashboard-port", str(ports["dashboard"]),
+           "--data-dir", str(tmp_path), "--speed", "10"]
+    env = {"PREFIXOPS_OPERATOR_TOKEN": token, "PREFIXOPS_OPERATOR_PASSPHRASE": "collapse-demo-pass"}
+    sidecar = f"http://127.0.0.1:{ports['sidecar']}"
+    auth = {"Authorization": f"Bearer {token}", "X-Actor": "test-operator"}
+    with running(cmd, name="demo-collapse", env=env) as proc:
+        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up")
+        assert "Scenario: collapse" in read_log(proc)
+        entries = httpx.get(f"{sidecar}/audit", headers=auth, timeout=5).json()
+        assert any(e["actor"] == "demo" and e["action"] == "budgeter.update" and e["params"] == {"mode": "off"}
+                   for e in entries), entries
+
+        def collapsed():
+            state = httpx.get(f"{sidecar}/state", timeout=5).json()
+            reuse = state["reuse"]
+            if reuse["token_weighted"] is None or reuse["request_weighted"] is None:
+                return False
+            # the two hit rates diverge: R_r stays high while R_t collapses
+            return reuse["token_weighted"] <= 0.3 and reuse["request_weighted"] >= 0.9 and state
+
+        state = wait_for(collapsed, 240, "the engine did not collapse after the burst")
+        assert state["budgeter"]["mode"] == "off"
+        assert state["budgeter"]["demand_fraction"] > 1.0  # admitted demand past the pool
+
+        def collapse_alert():
+            with sqlite3.connect(tmp_path / "prefixops.db") as db:
+                return db.execute("SELECT count(*) FROM alerts WHERE rule = 'collapse' AND state = 'firing'"
+                                  ).fetchone()[0]
+
+        wait_for(collapse_alert, 120, "the collectors did not raise the collapse alert")
+
+        response = httpx.put(f"{sidecar}/control/budgeter", json={"mode": "budgeter-park"}, headers=auth, timeout=10)
+        assert response.status_code == 200, response.text
+
+        def recovered():
+            state = httpx.get(f"{sidecar}/state", timeout=5).json()
+            return (state["reuse"]["token_weighted"] or 0) >= 0.8
+
+        wait_for(recovered, 180, "budgeter-park did not bring the hit rate back")
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=40)
+        assert proc.returncode == 0, read_log(proc)[-3000:]
