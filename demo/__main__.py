@@ -34,8 +34,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from simulator.config import AgentWorkload
 
 log = logging.getLogger("demo")
 REPO = Path(__file__).resolve().parent.parent
@@ -117,17 +121,21 @@ def wait_ready(service: Service, timeout: float) -> None:
 def collapse_alert_table(speed: float) -> str:
     """The collapse rule's windows in wall seconds, scaled by the simulator's speed.
 
-    The rule judges a 5-minute window against a 30-minute baseline of the engine's own time; at
-    speed x10 those are 30 s and 3 min of wall time, so the alert fires as it would on a real engine.
+    The rule judges its windows (core.alerts.AlertSettings: 5 minutes against a 30-minute baseline)
+    in the engine's own time; at speed x10 those are 30 s and 3 min of wall time, so the alert fires
+    as it would on a real engine.
     """
+    from core.alerts import AlertSettings
+
+    d = AlertSettings()
     return f"""
 # Time-scaled for the simulator's speed x{speed:g}: the collapse rule's windows are in engine time.
 [alerts]
-collapse_window_s = {300 / speed:g}
-collapse_baseline_s = {1800 / speed:g}
-collapse_for_s = {max(2.0, 15 / speed):g}
-collapse_clear_s = {max(3.0, 30 / speed):g}
-collapse_eval_every_s = {max(1.0, 5 / speed):g}
+collapse_window_s = {d.collapse_window_s / speed:g}
+collapse_baseline_s = {d.collapse_baseline_s / speed:g}
+collapse_for_s = {max(2.0, d.collapse_for_s / speed):g}
+collapse_clear_s = {max(3.0, d.collapse_clear_s / speed):g}
+collapse_eval_every_s = {max(1.0, d.collapse_eval_every_s / speed):g}
 """
 
 
@@ -135,21 +143,24 @@ SCENARIOS = ("steady", "collapse")
 DEFAULT_SPEED = {"steady": 4.0, "collapse": 10.0}
 
 
+def burst_preset() -> AgentWorkload:
+    """The offline ``agent-burst`` scenario's workload (simulator/offline.py), which the collapse scenario runs live."""
+    from simulator.offline import scenario_config
+
+    return scenario_config("agent-burst").agent
+
+
 def loadgen_args(scenario: str, speed: float) -> list[str]:
     """The load generator's arguments for ``scenario`` (arrival rates are per wall second)."""
     if scenario == "steady":
         return []
-    # simulator/config.py's agent preset and agent-burst scenario (docs/simulator-results.md), in wall time
-    from simulator.config import AgentWorkload
-
-    a = AgentWorkload()
-    burst_rate = 0.1  # agent-burst: 30 extra sessions over minutes 5-10
+    a = burst_preset()
     return ["--sessions-per-s", f"{a.arrival_rate * speed:g}", "--max-sessions", "10000",
             "--turns", str(a.turns), "--initial-context", str(a.initial_context),
             "--context-growth", str(a.context_growth), "--output-tokens", str(a.output_tokens),
             "--tool-latency", f"{a.tool_latency_mean:g}",
             "--burst-at", f"{a.burst_start_min * 60 / speed:g}", "--burst-seconds", f"{a.burst_minutes * 60 / speed:g}",
-            "--burst-rate", f"{burst_rate * speed:g}"]
+            "--burst-rate", f"{a.burst_rate * speed:g}"]
 
 
 def set_control_mode(sidecar: str, token: str, mode: str) -> None:
@@ -229,9 +240,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def scenario_note(args: argparse.Namespace) -> str:
     if args.scenario == "steady":
         return "Demo traffic is flowing through the sidecar. "
-    burst_in = 5 * 60 / args.speed
-    return f"""Scenario: collapse. The sidecar's control mode is off. A burst of 30 extra agent sessions
-  starts at simulated minute 5 (in about {burst_in:.0f} s) and the engine collapses a few simulated
+    a = burst_preset()
+    extra = round(a.burst_rate * a.burst_minutes * 60)
+    return f"""Scenario: collapse. The sidecar's control mode is off. A burst of about {extra} extra agent sessions
+  starts at simulated minute {a.burst_start_min:g} (in about {a.burst_start_min * 60 / args.speed:.0f} s) and the engine collapses a few simulated
   minutes later: on the Overview page the token-weighted hit rate falls to ~0.13 while the
   request-weighted one stays near 1.0, and the backlog keeps growing after the burst ends.
   Bring it back: sign in, open the Budgeter page and set the mode to budgeter-park (or

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pandas as pd
@@ -161,8 +162,8 @@ def charts_panel(span: float) -> None:
                                     y_range=(0, 1.05), **common),
                         key="overview_kv", width="stretch")
         # at least the pool and a margin, and always the whole line: demand past the pool is the collapse signal
-        demand = frame.loc[frame["signal"] == "demand_fraction", "value"] if not frame.empty else frame
-        peak = float(demand.max()) if len(demand) else 0.0
+        peak = 0.0 if frame.empty else float(frame.loc[frame["signal"] == "demand_fraction", "value"].max())
+        peak = peak if math.isfinite(peak) else 0.0  # no demand samples in range: max() is NaN
         st.plotly_chart(_per_engine(frame, sidecars, "demand_fraction", "KV demand / pool per engine (UTC)",
                                     "fraction of pool", y_range=(0, max(1.2, 1.05 * peak)), threshold=1.0,
                                     threshold_label="KV pool", **common),
