@@ -32,7 +32,7 @@ require_database(settings)
 SIDECAR_SIGNALS = ("token_weighted", "request_weighted", "divergence", "demand_fraction", "band_low", "band_high",
                    "admitted", "parked", "waiting", "turns_per_s")
 ENGINE_SIGNALS = ("engine_hit_ratio", "kv_usage", "ttft_p50", "ttft_p90", "ttft_p99", "prompt_tokens_per_s",
-                  "cached_tokens_per_s", "prefix_cache_hits_per_s", "prefix_cache_queries_per_s")
+                  "cached_tokens_per_s", "prefix_cache_hits_per_s", "prefix_cache_queries_per_s", "preemptions_per_s")
 
 try:
     engines = data.engines(url)
@@ -139,6 +139,11 @@ def render(ref: q.EngineRef) -> None:
                         key="engine_cost", width="stretch")
         st.caption(f"Cached prompt tokens priced at {settings.cached_token_price:g} of an uncached token "
                    "(PREFIXOPS_CACHED_TOKEN_PRICE).")
+        st.plotly_chart(charts.lines_figure(eng, ("preemptions_per_s",), events, title="Engine preemptions (UTC)",
+                                            y_title="per second", **common), key="engine_preemptions",
+                        width="stretch")
+        st.caption("A preempted request is recomputed; vLLM counts the recomputed tokens it finds cached as "
+                   "prefix-cache hits, so while the engine preempts its own hit ratio runs above the sidecar's R_t.")
     st.subheader("What happened in this window")
     if events.empty:
         st.caption("No operator actions, compaction decisions or alerts in this window.")

@@ -1,10 +1,11 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction}``; ``--help`` on each."""
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit}``; ``--help`` on each."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from simulator.config import SimConfigError
 
@@ -46,8 +47,24 @@ def _loadgen(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from simulator.experiments import run_command
+    from simulator.fit import fit_overrides, preset_overrides
 
+    # --preset and --fit (simulator/fit.py) become --set values that the command's own --set override
+    extra = {**preset_overrides(args.preset), **(fit_overrides(args.fit) if args.fit else {})}
+    args.set = [f"{k}={v}" for k, v in extra.items()] + list(args.set)
     return run_command(args)
+
+
+def _live_run(args: argparse.Namespace) -> int:
+    from simulator.live_run import live_run_command
+
+    return live_run_command(args)
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from simulator.fit import fit_command
+
+    return fit_command(args)
 
 
 def _table3(args: argparse.Namespace) -> int:
@@ -96,7 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="one offline run of a scenario under a control")
     add_run_arguments(p)
+    p.add_argument("--fit", type=Path, default=None, help="fit.json of `simulator fit`: cost model and pool")
+    p.add_argument("--preset", default=None, help="named workload settings (simulator/fit.py PRESETS)")
     p.set_defaults(func=_run)
+    from simulator.fit import add_fit_arguments
+    from simulator.live_run import add_arguments as add_live_run_arguments
+
+    p = sub.add_parser("live-run", help="agent workloads against a real engine through the sidecar (wall clock)")
+    add_live_run_arguments(p)
+    p.set_defaults(func=_live_run)
+    p = sub.add_parser("fit", help="probe a real engine and fit the cost model and pool (fit.json)")
+    add_fit_arguments(p)
+    p.set_defaults(func=_fit)
     p = sub.add_parser("table3", help="pairs and the five controls across seeds (the published table 3)")
     add_table3_arguments(p)
     p.set_defaults(func=_table3)
