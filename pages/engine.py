@@ -142,8 +142,9 @@ def render(ref: q.EngineRef) -> None:
         st.plotly_chart(charts.lines_figure(eng, ("preemptions_per_s",), events, title="Engine preemptions (UTC)",
                                             y_title="per second", **common), key="engine_preemptions",
                         width="stretch")
-        st.caption("A preempted request is recomputed; vLLM counts the recomputed tokens it finds cached as "
-                   "prefix-cache hits, so while the engine preempts its own hit ratio runs above the sidecar's R_t.")
+        st.caption("A preempted request loses its KV blocks and is recomputed. vLLM 0.32 keeps that second "
+                   "prefix-cache lookup out of its hit counters (older V1 releases counted the recomputed tokens "
+                   "as hits, inflating the engine's hit ratio above R_t); the cost shows here and in latency.")
     st.subheader("What happened in this window")
     if events.empty:
         st.caption("No operator actions, compaction decisions or alerts in this window.")

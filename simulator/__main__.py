@@ -50,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
     from simulator.fit import fit_overrides, preset_overrides
 
     # --preset and --fit (simulator/fit.py) become --set values that the command's own --set override
-    extra = {**preset_overrides(args.preset), **(fit_overrides(args.fit) if args.fit else {})}
+    extra = {**preset_overrides(args.preset, args.scenario), **(fit_overrides(args.fit) if args.fit else {})}
     args.set = [f"{k}={v}" for k, v in extra.items()] + list(args.set)
     return run_command(args)
 

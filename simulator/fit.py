@@ -46,20 +46,25 @@ from simulator.config import SimConfigError
 # simulated minutes, a 20480-token pool, contexts within the tiny model's 16K.
 PRESETS: dict[str, dict[str, str]] = {
     "cpu-tiny": {
-        "arrival_rate": "0.1", "burst_rate": "0.3", "burst_start_min": "0.5", "burst_minutes": "0.5",
-        "burst_process": "uniform", "turns": "10", "system_prompt_tokens": "256", "initial_context": "1200",
-        "context_growth": "300", "output_tokens": "16", "tool_latency_mean": "1.0", "tool_latency_sigma": "0.5",
+        "arrival_rate": "0.06", "burst_start_min": "1.0", "burst_minutes": "0.5",
+        "burst_process": "uniform", "turns": "10", "system_prompt_tokens": "256", "initial_context": "3000",
+        "context_growth": "500", "output_tokens": "16", "tool_latency_mean": "1.0", "tool_latency_sigma": "0.5",
         "output_budget": "16",
     },
 }
+# Settings a preset adds for one scenario only (the burst's size belongs to agent-burst; agent-steady has none).
+SCENARIO_PRESETS: dict[str, dict[str, dict[str, str]]] = {
+    "cpu-tiny": {"agent-burst": {"burst_rate": "0.27"}},
+}
 
 
-def preset_overrides(name: str | None) -> dict[str, str]:
+def preset_overrides(name: str | None, scenario: str | None = None) -> dict[str, str]:
+    """The ``--set`` values of preset ``name`` for ``scenario``."""
     if name is None:
         return {}
     if name not in PRESETS:
         raise SimConfigError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
-    return dict(PRESETS[name])
+    return {**PRESETS[name], **SCENARIO_PRESETS.get(name, {}).get(scenario or "", {})}
 
 
 def least_squares(xs: list[list[float]], ys: list[float]) -> list[float]:

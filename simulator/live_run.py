@@ -406,7 +406,7 @@ def live_run_command(args: argparse.Namespace) -> int:
               f"{args.control_start_min:g}", file=sys.stderr)
         return 2
     try:
-        overrides = {**preset_overrides(args.preset), **parse_set_args(args.set)}
+        overrides = {**preset_overrides(args.preset, args.scenario), **parse_set_args(args.set)}
         cfg = apply_overrides(scenario_config(args.scenario), overrides)
         cfg = replace(cfg, control=replace(cfg.control, control_start_min=args.control_start_min))
     except SimConfigError as exc:

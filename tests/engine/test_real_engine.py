@@ -11,6 +11,7 @@ import json
 import random
 import re
 import subprocess
+import threading
 import time
 
 import httpx
@@ -138,10 +139,17 @@ def test_collectors_read_the_engine_under_current_names_and_status_shows_it(real
     assert "vllm:gpu_prefix_cache_queries" not in text  # the old names are gone; the collectors must not need them
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     with sidecar_factory() as sidecar:
-        asyncio.run(_one_session(sidecar))
-        done = subprocess.run([PYTHON, "-m", "collectors", "--engine", real_engine.url, "--sidecar", sidecar,
-                               "--once", "--database-url", db_url], cwd=REPO, capture_output=True, text=True,
-                              timeout=300)
+        # traffic while the collectors scrape: the engine's hit ratio is a rate of counter deltas
+        stop = threading.Event()
+        traffic = threading.Thread(target=lambda: asyncio.run(_sessions_until(sidecar, stop)))
+        traffic.start()
+        try:
+            done = subprocess.run([PYTHON, "-m", "collectors", "--engine", real_engine.url, "--sidecar", sidecar,
+                                   "--once", "--database-url", db_url], cwd=REPO, capture_output=True, text=True,
+                                  timeout=300)
+        finally:
+            stop.set()
+            traffic.join(timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     status = subprocess.run([PYTHON, "-m", "collectors", "status", "--json", "--database-url", db_url], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
@@ -158,10 +166,13 @@ def test_collectors_read_the_engine_under_current_names_and_status_shows_it(real
     assert side and side[0]["up"] and side[0]["token_weighted"] is not None
 
 
-async def _one_session(sidecar: str) -> None:
+async def _sessions_until(sidecar: str, stop: threading.Event) -> None:
     async with httpx.AsyncClient() as client:
-        await session(client, sidecar, "col-1", random.Random(7), turns=3, first=400, growth=200,
-                      system=words(random.Random(8), 100))
+        k = 0
+        while not stop.is_set():
+            await session(client, sidecar, f"col-{k}", random.Random(k), turns=4, first=400, growth=200,
+                          system=words(random.Random(8), 100))
+            k += 1
 
 
 def test_tight_band_parks_sessions_at_turn_boundaries_and_loses_no_request(real_engine, sidecar_factory):
@@ -200,7 +211,7 @@ def test_tight_band_parks_sessions_at_turn_boundaries_and_loses_no_request(real_
     assert audit_free_state["backlog"]["parked"] == 0 and audit_free_state["backlog"]["held_requests"] == 0
 
 
-def test_preemption_shows_on_the_engine_page_and_inflates_the_engines_hit_ratio(real_engine, sidecar_factory,
+def test_preemption_shows_on_the_engine_page_and_stays_out_of_the_hit_counters(real_engine, sidecar_factory,
                                                                                  tmp_path):
     """A running set larger than the pool: the engine preempts; the Engine page's data shows it."""
     from dashboard import data
@@ -225,14 +236,15 @@ def test_preemption_shows_on_the_engine_page_and_inflates_the_engines_hit_ratio(
         time.sleep(4)  # two more scrapes after the load
     preemptions = after.preemptions - before.preemptions
     assert preemptions > 0, "the load was meant to make the engine preempt"
-    # vLLM queries the prefix cache again when a preempted request is rescheduled, and counts the
-    # recomputed tokens found in the cache as hits: the engine's ratio runs above the sidecar's R_t.
+    # vLLM 0.32 looks a preempted request up in the prefix cache again when it is rescheduled, but records
+    # that lookup apart (PrefixCacheStats.preempted_queries / preempted_hits, not exported): the exported
+    # counters see each prompt once, so the engine's hit ratio equals the sidecar's R_t even here, and the
+    # recomputation shows only as preemptions (docs/real-engine.md). Older V1 releases counted it as hits.
     prompt = sum(u["prompt_tokens"] for u in usages)
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     queries = after.prefix_cache_queries - before.prefix_cache_queries
     hits = after.prefix_cache_hits - before.prefix_cache_hits
-    assert queries > prompt, (queries, prompt)
-    assert hits / queries > cached / prompt, (hits, queries, cached, prompt)
+    assert (queries, hits) == (prompt, cached)
     engines = data.engines(db_url)
     ref = next(e for e in engines if e.engine_target_id is not None)
     frame = data.series(db_url, (ref.engine_target_id,), ("preemptions_per_s",), time.time() - 600, time.time() + 5)
