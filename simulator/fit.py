@@ -219,3 +219,26 @@ def fit_overrides(path: Path) -> dict[str, str]:
     if not isinstance(values, dict):
         raise SimConfigError(f"--fit {path}: 'set' must be an object of simulator settings, got {type(values).__name__}")
     return {str(k): str(v) for k, v in values.items()}
+
+
+def add_run_with_fit_arguments(p: argparse.ArgumentParser) -> None:
+    """``simulator run``'s arguments plus ``--fit`` and ``--preset``."""
+    from simulator.experiments import add_run_arguments
+
+    add_run_arguments(p)
+    p.add_argument("--fit", type=Path, default=None, help="fit.json of `simulator fit`: cost model and pool")
+    p.add_argument("--preset", default=None, help=f"named workload settings: {', '.join(sorted(PRESETS))}")
+
+
+def run_with_fit_command(args: argparse.Namespace) -> int:
+    """``simulator run`` with the preset's and the fit's settings placed before the command's own ``--set``."""
+    from simulator.experiments import run_command
+
+    try:
+        extra = {**preset_overrides(args.preset, args.scenario), **(fit_overrides(args.fit) if args.fit else {})}
+    except SimConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.set = [f"{k}={v}" for k, v in extra.items()] + list(args.set)
+    return run_command(args)
+

@@ -42,8 +42,9 @@ from typing import Any
 import httpx
 
 from core.runs import judge_run, window_ratio
+from simulator.agent import CONTROLS, SERIES_FIELDS
 from simulator.config import AgentWorkload, SimConfig, SimConfigError, apply_overrides, parse_set_args
-from simulator.offline import CONTROLS, SERIES_FIELDS, scenario_config
+from simulator.offline import scenario_config
 
 log = logging.getLogger("simulator.live_run")
 LIVE_SCENARIOS = ("agent-steady", "agent-burst")
@@ -52,7 +53,7 @@ WINDOW_S = 60
 
 
 def arrival_times(a: AgentWorkload, seed: int, horizon: float) -> list[float]:
-    """Session arrival times, drawn exactly as ``simulator run`` draws them (simulator/offline.py)."""
+    """Session arrival times, drawn exactly as ``simulator run`` draws them (simulator/agent.py ``run_agent``)."""
     arr_rng = random.Random(f"{seed}-arrivals")
     arrivals: list[float] = []
     t = 0.0
@@ -393,8 +394,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def live_run_command(args: argparse.Namespace) -> int:
-    from simulator.experiments import plot_run
     from simulator.fit import preset_overrides
+    from simulator.plots import plot_run
 
     token = args.operator_token or os.environ.get("PREFIXOPS_OPERATOR_TOKEN")
     if not token:

@@ -9,7 +9,8 @@ import pytest
 
 from core.runs import judge_run
 from simulator.live_run import arrival_times
-from simulator.offline import SERIES_FIELDS, run_scenario, scenario_config
+from simulator.agent import SERIES_FIELDS
+from simulator.offline import run_scenario, scenario_config
 from tests.support import PYTHON, REPO, free_port, running
 
 
