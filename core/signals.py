@@ -34,6 +34,11 @@ Sidecar signals (engine label is always ""):
   ``admitted``, ``parked``, ``waiting``.
 - ``low_half_cached_fraction``: fraction of recent turns with under half of their
   prompt cached.
+- ``oldest_waiting_s``, ``oldest_parked_s``: seconds the longest-waiting new session has
+  waited for admission, and the longest-parked session has been parked (``/state``
+  ``backlog``); no sample while nobody waits / nobody is parked.
+- ``time_to_admit_p50``, ``time_to_admit_p95``, ``park_time_p50``, ``park_time_p95``:
+  seconds, over the sidecar's recent window.
 
 Per-target signals written by the collector itself for every target:
 
@@ -79,6 +84,12 @@ ADMITTED: Final = "admitted"
 PARKED: Final = "parked"
 WAITING: Final = "waiting"
 LOW_HALF_CACHED_FRACTION: Final = "low_half_cached_fraction"
+OLDEST_WAITING_S: Final = "oldest_waiting_s"
+OLDEST_PARKED_S: Final = "oldest_parked_s"
+TIME_TO_ADMIT_P50: Final = "time_to_admit_p50"
+TIME_TO_ADMIT_P95: Final = "time_to_admit_p95"
+PARK_TIME_P50: Final = "park_time_p50"
+PARK_TIME_P95: Final = "park_time_p95"
 
 # Collector bookkeeping
 UP: Final = "up"
@@ -92,7 +103,8 @@ ENGINE_SIGNALS: Final = (
 SIDECAR_SIGNALS: Final = (
     TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
     DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
-    LOW_HALF_CACHED_FRACTION,
+    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S, OLDEST_PARKED_S, TIME_TO_ADMIT_P50, TIME_TO_ADMIT_P95,
+    PARK_TIME_P50, PARK_TIME_P95,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
 ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + TARGET_SIGNALS))
