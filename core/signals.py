@@ -27,6 +27,8 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
 Sidecar signals (engine label is always ""):
 
 - ``token_weighted`` (R_t), ``request_weighted`` (R_r), ``divergence`` (D = R_r - R_t).
+- ``known_turns``: turns with a known cached count in the sidecar's reuse window (the thin-reuse
+  judgement needs at least ``RegimeConfig.min_turns`` of them).
 - ``thin_reuse``: 1 while the sidecar reports the thin-reuse regime, else 0.
 - ``pool_tokens``, ``demand_tokens``, ``demand_fraction`` (demand / pool),
   ``band_low``, ``band_high`` (fractions of the pool).
@@ -34,9 +36,10 @@ Sidecar signals (engine label is always ""):
   ``admitted``, ``parked``, ``waiting``.
 - ``low_half_cached_fraction``: fraction of recent turns with under half of their
   prompt cached.
-- ``oldest_waiting_s``, ``oldest_parked_s``: seconds the longest-waiting new session has
-  waited for admission, and the longest-parked session has been parked (``/state``
-  ``backlog``); no sample while nobody waits / nobody is parked.
+- ``oldest_waiting_s``: seconds the longest-waiting new session has waited for admission
+  (``/state`` ``backlog``; 0 when nobody waits, so the admission-wait alert resolves).
+- ``oldest_parked_s``: seconds the longest-parked session has been parked (no sample while
+  nobody is parked).
 - ``time_to_admit_p50``, ``time_to_admit_p95``, ``park_time_p50``, ``park_time_p95``:
   seconds, over the sidecar's recent window.
 
@@ -55,6 +58,7 @@ from typing import Final
 TOKEN_WEIGHTED: Final = "token_weighted"
 REQUEST_WEIGHTED: Final = "request_weighted"
 DIVERGENCE: Final = "divergence"
+KNOWN_TURNS: Final = "known_turns"
 THIN_REUSE: Final = "thin_reuse"
 
 # Engine
@@ -101,7 +105,7 @@ ENGINE_SIGNALS: Final = (
     PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
 )
 SIDECAR_SIGNALS: Final = (
-    TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
+    TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
     DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
     LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S, OLDEST_PARKED_S, TIME_TO_ADMIT_P50, TIME_TO_ADMIT_P95,
     PARK_TIME_P50, PARK_TIME_P95,
