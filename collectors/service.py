@@ -35,13 +35,14 @@ from sqlalchemy import Engine
 from collectors import notify
 from collectors.alertmanager import AlertmanagerSender
 from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
 from collectors.store import Store, WriteResult, describe_failure
 from core.alerts import AlertEvaluator, TargetHealth
 
 log = logging.getLogger(__name__)
 
-Scraper = EngineScraper | SidecarScraper
+Scraper = EngineScraper | SidecarScraper | PromSource
 MAINTENANCE_EVERY_S = 60.0
 FAST_WORKERS = 32
 SLOW_WORKERS = 512
@@ -95,6 +96,7 @@ class Collector:
             self.evaluator.update_settings(config.alerts)
         self.config = config
         self.store.sync_targets(config)
+        register_engines(self.store, self.prom_engines(), now=self.clock())  # sync_targets unlisted them
         wanted: dict[str, Any] = {e.url: e for e in config.engines}
         wanted.update({s.url: s for s in config.sidecars})
         for url in list(self.scrapers):
@@ -103,7 +105,11 @@ class Collector:
                 del self.scrapers[url]
                 self.evaluator.forget_target(url)
         for e in config.engines:
-            if e.url not in self.scrapers:
+            if e.url not in self.scrapers and e.kind == "prometheus":
+                self.scrapers[e.url] = PromSource(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
+                                                  clock=self.clock)
+                self._add_job(e.url)
+            elif e.url not in self.scrapers:
                 self.scrapers[e.url] = EngineScraper(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
                                                      max_page_bytes=config.max_page_bytes, clock=self.clock)
                 self._add_job(e.url)
@@ -187,9 +193,11 @@ class Collector:
             return
         if self._stop.is_set():
             return  # shutting down: the client was closed under this scrape, its failure is not data
-        self._place(url, scraper, outcome)
-        self._log_outcome(outcome)
-        self.queue.put(outcome)
+        outcomes = outcome if isinstance(outcome, list) else [outcome]
+        self._place(url, scraper, outcomes[0])
+        for o in outcomes:
+            self._log_outcome(o)
+            self.queue.put(o)
 
     def _place(self, url: str, scraper: Scraper, outcome: ScrapeOutcome) -> None:
         """Move a target's job between the shared pool and the slow pool."""
@@ -241,6 +249,14 @@ class Collector:
         self._retry = []
         if not batch:
             return WriteResult()
+        prom = self.prom_engines()
+        fresh = {o.url: prom[o.url] for o in batch if o.url in prom and o.url not in self.store.target_ids}
+        if fresh:
+            try:
+                register_engines(self.store, fresh, now=self.clock())
+            except Exception as exc:  # noqa: BLE001 - locked or full: registered with a later batch
+                log.error("registering %d engine(s) read through Prometheus failed: %s", len(fresh),
+                          describe_failure(exc))
         result = self.store.write(batch)
         if result.failed:
             self._keep_for_retry(result)
@@ -249,7 +265,7 @@ class Collector:
         self._pending_transitions = []
         for o in result.committed:
             scraper = self.scrapers.get(o.url)
-            if scraper is None:
+            if scraper is None and o.url not in prom:
                 continue
             if isinstance(scraper, SidecarScraper) and o.ok:
                 scraper.commit(o)
@@ -302,8 +318,15 @@ class Collector:
             self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
                                               divergence=divergence)
 
+    def prom_engines(self) -> dict[str, Any]:
+        """Engines read through `kind = "prometheus"` targets, by URL."""
+        return {e.url: e for s in self.scrapers.values() if isinstance(s, PromSource) for e in s.engines.values()}
+
     def _evaluate(self, url: str, now: float) -> list[Any]:
-        scraper = self.scrapers[url]
+        scraper = self.scrapers.get(url)
+        if scraper is None:  # an engine read through a Prometheus source
+            return self.evaluator.evaluate_target(url, now, role="engine", engine_labels=self.engine_labels.get(url)
+                                                  or ("",), fronted_by_sidecar=url in self.fronted)
         labels = self.engine_labels.get(url) or ("",)
         return self.evaluator.evaluate_target(url, now, role=scraper.role, engine_labels=labels,
                                               fronted_by_sidecar=url in self.fronted)
@@ -312,7 +335,7 @@ class Collector:
         """Evaluate every target now (stale-data needs a clock tick, not a scrape)."""
         now = self.clock()
         transitions = []
-        for url in list(self.scrapers):
+        for url in [*self.scrapers, *self.prom_engines()]:
             transitions.extend(self._evaluate(url, now))
         self._apply(transitions)
 
@@ -433,7 +456,8 @@ class Collector:
             for i in range(rounds):
                 if i:
                     time.sleep(pause)
-                outcomes = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                results = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                outcomes = [o for r in results for o in (r if isinstance(r, list) else [r])]
                 for o in outcomes:
                     self._log_outcome(o)
                 self.process(outcomes)
