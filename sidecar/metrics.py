@@ -31,7 +31,7 @@ class SidecarCollector(Collector):
         cp = self.cp
         now = cp.clock()
         stats = cp.window.stats(now)
-        regime = cp.regime.update(stats)
+        regime = cp.regime.regime  # as the last tick judged it: a scrape does not advance it
         window = f"{cp.window.window_s:g}s"
         for name, doc, value in (
             ("reuse_token_weighted", "R_t: cached / prompt tokens over the window", stats.token_weighted),
