@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.budgeter import SESSION_STATES, ConfigError, UnknownSession
+from core.budgeter import PARKED, SESSION_STATES, ConfigError, UnknownSession
 from core.compaction import CompactionPolicy, SubtreeTracker, Urgency, WarmthConfig, decide_compaction
 from core.reuse import LastTurns, RegimeConfig, RegimeDetector, TimeWindow, normalise_turn
 
@@ -39,6 +39,7 @@ from .control_state import Counters, Deferral, Persistence, SessionExtra
 from .control_views import Views
 from .settings import Settings
 from .store import Store
+from .waits import WaitStats
 
 log = logging.getLogger(__name__)
 
@@ -101,21 +102,33 @@ class ControlPlane(Persistence, Views):
         if store is not None:
             self.decision_counts = store.decision_counts()
         self._request_ids = itertools.count(1)
+        self.admission_waits = WaitStats()  # held turns: arrival to forwarding
+        self.park_durations = WaitStats()  # park to re-admission, unpark or end
+        self._parked_since: dict[str, float] = {
+            s.id: s.parked_since for s in self.budgeter.sessions() if s.state == PARKED and s.parked_since is not None}
 
     # ------------------------------------------------------------ turn API
     async def admit(self, ticket: TurnTicket, disconnected: Callable[[], Awaitable[Any]]) -> str:
         """Admission of a session's turn: ``"forward"`` now or after a hold, else why not (``"ended"``,
         ``"disconnected"``, ``"timeout"``; counted per endpoint)."""
         assert ticket.session_id is not None
+        held_at: float | None = None
         while True:
             if self.request_turn(ticket.session_id, ticket.prompt_estimate, ticket.output_budget) == "forward":
-                return "forward"
+                break
+            if held_at is None:
+                held_at = self.clock()
             outcome = await self.hold(ticket.session_id, disconnected)
             if outcome == "retry":
                 continue
             if outcome != "forward":
                 self.counters.request(ticket.path, f"held_{HELD_STATUS[outcome]}")
-            return outcome
+                return outcome
+            break
+        if held_at is not None:
+            now = self.clock()
+            self.admission_waits.observe(now, now - held_at)
+        return "forward"
 
     def begin_turn(self, ticket: TurnTicket) -> None:
         """The turn goes to the engine now: count it in flight (an unsessioned one adds its demand)."""
@@ -155,7 +168,23 @@ class ControlPlane(Persistence, Views):
         self._dirty = True
         now = self.clock()
         self.updated[session_id] = now
-        return self.budgeter.request_turn(session_id, now, prompt_tokens, output_budget)
+        parked = self.budgeter.counts()[PARKED]
+        decision = self.budgeter.request_turn(session_id, now, prompt_tokens, output_budget)
+        if decision == "hold" and self.budgeter.counts()[PARKED] > parked:  # parked at its turn boundary
+            self._parked(session_id, now)
+        return decision
+
+    def _parked(self, session_id: str, now: float) -> None:
+        if session_id not in self._parked_since:
+            self._parked_since[session_id] = now
+            self.counters.parks += 1
+
+    def _park_ended(self, session_id: str, now: float, unparked: bool) -> None:
+        since = self._parked_since.pop(session_id, None)
+        if since is not None:
+            self.park_durations.observe(now, now - since)
+            if unparked:
+                self.counters.unparks += 1
 
     def touch(self, session_id: str) -> None:
         """The session's document changed: incremental /sessions readers must see it again."""
@@ -206,7 +235,13 @@ class ControlPlane(Persistence, Views):
             self.budgeter.turn_finished(session_id, self.clock(), 0, 0, None, ok=False)
 
     def release(self) -> list[str]:
-        released = self.budgeter.release(self.clock())
+        now = self.clock()
+        parked = self.budgeter.counts()[PARKED]
+        released = self.budgeter.release(now)
+        if parked and self.budgeter.counts()[PARKED] < parked:  # parked sessions were re-admitted
+            for session_id in list(self._parked_since):
+                if session_id in self.budgeter and self.budgeter.session(session_id).state != PARKED:
+                    self._park_ended(session_id, now, unparked=True)
         for session_id in released:
             self.touch(session_id)
             self._wake(session_id, "forward")
@@ -231,6 +266,11 @@ class ControlPlane(Persistence, Views):
                 self.counters.unknown_turns += 1
             else:
                 self.counters.cached_tokens += turn.cached_tokens
+                self.counters.known_turns += 1
+                self.counters.known_prompt_tokens += turn.prompt_tokens
+                self.counters.known_cached_tokens += turn.cached_tokens
+                if turn.cached_tokens > 0:
+                    self.counters.hit_turns += 1
             if subtree is not None:
                 self.subtrees.record(subtree, now, turn.prompt_tokens, turn.cached_tokens)
         if session_id is None:
@@ -260,6 +300,7 @@ class ControlPlane(Persistence, Views):
         except UnknownSession:
             return None
         self.budgeter.end_session(session_id, now)
+        self._park_ended(session_id, now, unparked=False)
         self._wake(session_id, "ended")
         extra = self.extras.pop(session_id, None) or SessionExtra()
         record = self._session_doc(before, extra)
@@ -330,6 +371,7 @@ class ControlPlane(Persistence, Views):
     def park(self, session_id: str, actor: str, role: str, reason: str | None = None) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)  # UnknownSession propagates
         self.budgeter.park(session_id, self.clock(), manual=True)
+        self._parked(session_id, self.clock())
         self.touch(session_id)
         after = self.session_doc(session_id)
         self._dirty = True
@@ -345,6 +387,7 @@ class ControlPlane(Persistence, Views):
     def unpark(self, session_id: str, pin: bool, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)
         had_held = self.budgeter.unpark(session_id, self.clock(), pin=pin)
+        self._park_ended(session_id, self.clock(), unparked=True)
         self.touch(session_id)
         if had_held:
             self._wake(session_id, "forward")

@@ -55,6 +55,12 @@ class Counters:
     hold_disconnects: int = 0
     sessions_ended: dict[str, int] = field(default_factory=dict)
     engine_errors: int = 0
+    known_turns: int = 0  # turns whose engine reported cached tokens (R_r denominator)
+    hit_turns: int = 0  # known turns with cached tokens > 0 (R_r numerator)
+    known_prompt_tokens: int = 0  # prompt tokens of known turns (R_t denominator)
+    known_cached_tokens: int = 0  # cached tokens of known turns (R_t numerator)
+    parks: int = 0  # automatic and manual
+    unparks: int = 0  # re-admissions of parked sessions and manual unparks
 
     def request(self, endpoint: str, outcome: str) -> None:
         key = (endpoint, outcome)

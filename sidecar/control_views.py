@@ -17,6 +17,7 @@ from core.reuse import LastTurns, RegimeDetector, TimeWindow
 from .control_state import Counters, Deferral, SessionExtra
 from .settings import Settings
 from .store import Store
+from .waits import WaitStats
 
 CACHED_FLAG_WARNING = (
     "{unknown} of {turns} turns in the window carry no usage.prompt_tokens_details.cached_tokens; they count as "
@@ -59,6 +60,8 @@ class Views:
     _last_persist: float
     _persisted: dict[str, tuple[Any, ...]]
     _persisted_config: dict[str, Any] | None
+    admission_waits: WaitStats
+    park_durations: WaitStats
 
     def budgeter_settings(self) -> dict[str, Any]:
         cfg = self.budgeter.config
@@ -248,6 +251,8 @@ class Views:
                 "held_requests": self.held_requests,
                 "oldest_waiting_s": oldest_waiting,
                 "oldest_parked_s": oldest_parked,
+                "time_to_admit_s": self.admission_waits.recent(now),
+                "park_time_s": self.park_durations.recent(now),
             },
             "traffic": {
                 "in_flight": self.in_flight,
