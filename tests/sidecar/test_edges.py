@@ -322,3 +322,10 @@ def test_slowloris_connections_are_closed_after_the_read_timeout(tmp_path: Path)
             s.close()
         assert closed == 100
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200  # and the sidecar still serves
+
+
+async def test_an_open_sidecar_lets_clients_end_their_sessions(tmp_path: Path) -> None:
+    async with sidecar(tmp_path, operator_token=None) as h:  # no token configured anywhere
+        await h.chat("s1")
+        r = await h.client.delete("/sessions/s1")
+        assert r.status_code == 200 and r.json()["session"]["end_reason"] == "deleted"
