@@ -88,7 +88,8 @@ class Store(Rollups):
         now = self.clock()
         specs: list[dict[str, Any]] = []
         for e in config.engines:
-            specs.append({"url": e.url, "role": "engine", "configured_kind": e.kind, "name": e.name,
+            specs.append({"url": e.url, "role": "source" if e.kind == "prometheus" else "engine",
+                          "configured_kind": e.kind, "name": e.name,
                           "labels": dict(e.labels), "engine_url": None, "interval_s": config.interval_for(e)})
         for s in config.sidecars:
             specs.append({"url": s.url, "role": "sidecar", "configured_kind": "sidecar", "name": s.name,
