@@ -72,7 +72,7 @@ def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool =
         kwargs["connect_args"] = connect_args
     engine = create_engine(url, echo=echo, pool_pre_ping=True, **kwargs)
     if read_only:
-        engine = engine.execution_options(postgresql_readonly=True)  # type: ignore[assignment]
+        engine = engine.execution_options(postgresql_readonly=True)
     return engine
 
 
