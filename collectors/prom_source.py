@@ -23,7 +23,7 @@ Rates are computed between the engine's own scrape times (``timestamp()`` of its
 sees no new Prometheus scrape of an engine writes nothing for it. An engine Prometheus reports ``up == 0``
 is a failed scrape (``target-down`` applies); one whose series are gone from Prometheus gets no sample, so
 ``stale-data`` fires. The Prometheus API itself is the configured target: its row records whether the
-queries answered.
+queries answered (role ``source``: not an engine on the pages; ``target-down`` and ``stale-data`` apply).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class PromSource:
     timeout_s: float
     clock: Callable[[], float] = time.time
     engines: dict[tuple[str, str], _Engine] = field(default_factory=dict)
-    role: str = "engine"
+    role: str = "source"  # the query API's own row: up/down of the queries, no engine signals
 
     @property
     def url(self) -> str:
@@ -136,11 +136,11 @@ class PromSource:
             families = [self.query(client, selector(names, matchers), ts) for names in FAMILIES]
             start = self.query(client, selector(("process_start_time_seconds",), matchers), ts)
         except PromQueryError as exc:
-            return [ScrapeOutcome(self.url, "engine", ts, False, time.perf_counter() - started, error=str(exc),
+            return [ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc),
                                   kind="prometheus")]
         outcomes = self._engine_outcomes(up, stamps, families, start, ts)
         duration = time.perf_counter() - started
-        api = ScrapeOutcome(self.url, "engine", ts, True, duration, kind="prometheus",
+        api = ScrapeOutcome(self.url, self.role, ts, True, duration, kind="prometheus",
                             samples=[("", sig.UP, 1.0), ("", sig.SCRAPE_DURATION_S, duration)], engine_labels=())
         return [api, *outcomes]
 

@@ -221,7 +221,7 @@ def test_no_operator_token_sends_nothing(db_url: str, monkeypatch: pytest.Monkey
 def test_token_comes_from_the_collectors_config_per_sidecar(db_url: str, tmp_path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "prefixops.toml"
-    config.write_text('[[sidecar]]\nurl = "http://127.0.0.1:18100"\noperator_token = "per-sidecar-token"\n')
+    config.write_text('[[sidecars]]\nurl = "http://127.0.0.1:18100"\noperator_token = "per-sidecar-token"\n')
     monkeypatch.setenv("PREFIXOPS_CONFIG", str(config))
     recorder = Recorder().install()
     at = _park(sign_in(app(engine="a")), ["agent-010"])
