@@ -134,7 +134,7 @@ class Store(Rollups):
                                    .where(model.target_id == target_id, model.remote_id.is_not(None))
                                    .order_by(model.epoch.desc(), model.remote_id.desc()).limit(1)).first()
                 out[log_name] = LogCursor() if row is None else LogCursor(
-                    epoch=int(row[0]), after_id=int(row[1]), ts=row[2], key=row[3])
+                    epoch=int(row[0]), after_id=int(row[1] or 0), ts=row[2], key=row[3])
         return out
 
     # ------------------------------------------------------------------ scrape outcomes
@@ -294,12 +294,13 @@ class Store(Rollups):
                     log.warning("alert firing: %s on %s%s: %s", t.rule, url, f" engine {label}" if label else "",
                                 t.summary)
                 else:
-                    alert_id = conn.execute(select(Alert.id).where(Alert.rule == t.rule, Alert.target_id == tid,
-                                                                   Alert.engine_label == label,
-                                                                   Alert.state == "firing")
-                                            .order_by(Alert.started_ts.desc())).scalar()
-                    if alert_id is None:
+                    open_id = conn.execute(select(Alert.id).where(Alert.rule == t.rule, Alert.target_id == tid,
+                                                                  Alert.engine_label == label,
+                                                                  Alert.state == "firing")
+                                           .order_by(Alert.started_ts.desc())).scalar()
+                    if open_id is None:
                         continue
+                    alert_id = open_id
                     conn.execute(update(Alert).where(Alert.id == alert_id)
                                  .values(state="resolved", resolved_ts=t.ts, last_eval_ts=t.ts))
                     log.info("alert resolved: %s on %s%s", t.rule, url, f" engine {label}" if label else "")
