@@ -22,9 +22,11 @@ BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 
 
 def host_of(scope: Scope) -> str | None:
+    name: bytes
+    value: bytes
     for name, value in scope["headers"]:
         if name == b"host":
-            host = value.decode("latin-1").strip().lower()
+            host: str = value.decode("latin-1").strip().lower()
             if host.startswith("["):
                 return host[: host.find("]") + 1] if "]" in host else host
             return host.rsplit(":", 1)[0] if ":" in host else host
