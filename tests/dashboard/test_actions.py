@@ -21,11 +21,18 @@ Handler = Callable[[httpx.Request], httpx.Response]
 class Recorder:
     """A fake sidecar control API: records requests, answers with `respond`."""
 
-    def __init__(self, respond: Handler | None = None) -> None:
-        self.requests: list[httpx.Request] = []
+    def __init__(self, respond: Handler | None = None, state: dict | None = None) -> None:
+        self.requests: list[httpx.Request] = []  # control requests
+        self.reads: list[httpx.Request] = []  # GET /state: the read-back after a change
         self.respond = respond or (lambda request: httpx.Response(200, json={"ok": True}))
+        self.state = state
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == "/state":
+            self.reads.append(request)
+            if self.state is not None:
+                return httpx.Response(200, json=self.state)
+            return self.respond(request)
         self.requests.append(request)
         return self.respond(request)
 
