@@ -75,6 +75,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             cp.persist(force=True)
+            cp.flush_turns()
             await engine.close()
             store.close()
 

@@ -42,6 +42,7 @@ from .control_views import Views
 from .openai_payload import checked_usage
 from .settings import Settings
 from .store import Store
+from .turns import TurnTracing
 from .waits import WaitStats
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,12 @@ class TurnTicket:
     request_id: str = ""
     started: float = 0.0
     finished: bool = False
+    model: Any = None
+    held_s: float = 0.0  # admission to forwarding
+    parked_s: float = 0.0  # the hold, when its session was parked during it
 
 
-class ControlPlane(Persistence, Views):
+class ControlPlane(Persistence, Views, TurnTracing):
     def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
@@ -109,6 +113,7 @@ class ControlPlane(Persistence, Views):
         if store is not None:
             self.decision_counts = store.decision_counts()
         self._request_ids = itertools.count(1)
+        self._init_turns(store, settings.turns_retention_s)
         self.store_error: str | None = None
         self._store_failed_at = -math.inf
         self._usage_warned_at = -math.inf
@@ -139,21 +144,28 @@ class ControlPlane(Persistence, Views):
         ``"disconnected"``, ``"timeout"``; counted per endpoint)."""
         assert ticket.session_id is not None
         held_at: float | None = None
+        parked = False
         while True:
             if self.request_turn(ticket.session_id, ticket.prompt_estimate, ticket.output_budget) == "forward":
                 break
             if held_at is None:
                 held_at = self.clock()
+            parked = parked or ticket.session_id in self._parked_since
             outcome = await self.hold(ticket.session_id, disconnected)
             if outcome == "retry":
                 continue
             if outcome != "forward":
                 self.counters.request(ticket.path, f"held_{HELD_STATUS[outcome]}")
+                ticket.held_s = self.clock() - held_at
+                ticket.parked_s = ticket.held_s if parked else 0.0
+                self.trace_turn(ticket, None, None, None, None, f"held_{HELD_STATUS[outcome]}")
                 return outcome
             break
         if held_at is not None:
             now = self.clock()
             self.admission_waits.observe(now, now - held_at)
+            ticket.held_s = now - held_at
+            ticket.parked_s = ticket.held_s if parked else 0.0
         return "forward"
 
     def begin_turn(self, ticket: TurnTicket) -> None:
@@ -185,8 +197,9 @@ class ControlPlane(Persistence, Views):
             # A success without usage (an engine that reports none): the turn counts, its cache use is
             # unknown, and the prompt size is the estimate.
             prompt, cached, completion = ticket.prompt_estimate, None, completion or 0
-        self.turn_done(ticket.session_id, prompt, cached, completion, time.monotonic() - ticket.started, ok,
-                       ticket.subtree)
+        latency = time.monotonic() - ticket.started
+        self.turn_done(ticket.session_id, prompt, cached, completion, latency, ok, ticket.subtree)
+        self.trace_turn(ticket, prompt, cached, completion, latency, "ok" if ok else "error")
         if ticket.session_id is None:
             self.budgeter.remove_unsessioned(ticket.request_id)
             self.unsessioned_in_flight -= 1
@@ -372,6 +385,7 @@ class ControlPlane(Persistence, Views):
             self.deferral = None
             self._persist_deferral()
         self.persist()
+        self.flush_turns()
 
     def set_pool(self, tokens: int | None, kind: str | None, error: str | None) -> None:
         if self.settings.pool_tokens is not None:
