@@ -39,6 +39,7 @@ from simulator.offline import scenario_config
 from simulator.rag import _zipf_weights
 
 log = logging.getLogger("simulator.loadgen")
+MAX_LAG_S = 1.0
 
 
 def rag_preset(overrides: list[str]) -> RagWorkload:
@@ -120,12 +121,13 @@ class RagPresetTraffic:
             return
         due_at = time.monotonic()
         while not gen.stopping.is_set():
-            # arrival times on an absolute schedule, so slow wake-ups do not thin the process out
-            due_at += self.rng.expovariate(rate)
+            # arrival times on an absolute schedule, so slow wake-ups do not thin the process out; a generator
+            # more than MAX_LAG_S behind (a starved CPU) drops the arrivals it missed rather than spiral
+            due_at = max(due_at + self.rng.expovariate(rate), time.monotonic() - MAX_LAG_S)
             delay = due_at - time.monotonic()
-            if delay > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(gen.stopping.wait(), delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                # always yield, so the stop event and the requests in flight get their turn
+                await asyncio.wait_for(gen.stopping.wait(), max(0.0, delay))
             if gen.stopping.is_set():
                 break
             if kind == "storm" and not self.storm_on(due_at - gen.t0):

@@ -46,15 +46,19 @@ def test_storm_enters_thin_reuse_and_the_compaction_job_asks_the_gate(tmp_path) 
             cwd=REPO, stdout=log, stderr=log, text=True)
         regimes: list[tuple[float, str, float | None]] = []
         t0 = time.monotonic()
-        while loadgen.poll() is None:
+        while loadgen.poll() is None and time.monotonic() - t0 < 100 + 40:
             reuse = httpx.get(f"{sidecar}/state", timeout=5).json()["reuse"]
             regimes.append((time.monotonic() - t0, reuse["regime"], reuse["divergence"]))
             time.sleep(0.5)
+        stopped = loadgen.poll() is not None
+        if not stopped:
+            loadgen.kill()
         loadgen.wait(timeout=30)
         log.close()
         err = (tmp_path / "loadgen.log").read_text()
         decisions = httpx.get(f"{sidecar}/compaction/decisions", timeout=5).json()
     timeline = [(round(t), r, d and round(d, 2)) for t, r, d in regimes]
+    assert stopped, "the load generator did not stop at --duration (a starved arrival loop must still yield)"
     assert loadgen.returncode == 0 and "Traceback" not in err, err[-2000:]
     # entered during the storm (its requests complete late on a loaded machine, so no fixed times) ...
     thin = [t for t, r, _ in regimes if r == "thin-reuse"]
