@@ -33,6 +33,9 @@ def test_collectors_read_the_simulator_and_the_sidecar(tmp_path):
         done = subprocess.run([PYTHON, "-m", "collectors", "--engine", engine_url, "--sidecar", sidecar_url, "--once",
                                "--database-url", db_url], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
+        # The real sidecar's documents match its typed wire contracts (sidecar/wire.py) as read.
+        assert "does not match sidecar.wire" not in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and "out of range" not in done.stderr, done.stderr
         state = httpx.get(f"{sidecar_url}/state", timeout=10).json()
     db = make_engine(db_url)
     with db.connect() as conn:
