@@ -245,7 +245,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
     parser.add_argument("--scenario", choices=SCENARIOS, default=os.environ.get("DEMO_SCENARIO", "steady"),
                         help="steady: healthy traffic (default); collapse: the burst that collapses the engine, "
-                             "for an operator to bring back with the budgeter")
+                             "for an operator to bring back with the budgeter; rag: the compaction storm "
+                             "(thin reuse and the gate's decisions)")
     speed = os.environ.get("DEMO_SPEED")
     parser.add_argument("--speed", type=float, default=float(speed) if speed else None,
                         help="simulated seconds per wall second for the engine and the load "

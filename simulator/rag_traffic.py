@@ -120,10 +120,17 @@ class RagPresetTraffic:
         if rate <= 0:
             return
         due_at = time.monotonic()
+        lagging = False
         while not gen.stopping.is_set():
             # arrival times on an absolute schedule, so slow wake-ups do not thin the process out; a generator
             # more than MAX_LAG_S behind (a starved CPU) drops the arrivals it missed rather than spiral
-            due_at = max(due_at + self.rng.expovariate(rate), time.monotonic() - MAX_LAG_S)
+            due_at += self.rng.expovariate(rate)
+            if due_at < time.monotonic() - MAX_LAG_S:
+                if not lagging:
+                    log.warning("RAG %s arrivals are over %g s behind: dropping the missed ones (too slow a "
+                                "machine for --speed %g)", kind, MAX_LAG_S, self.speed)
+                lagging = True
+                due_at = time.monotonic() - MAX_LAG_S
             delay = due_at - time.monotonic()
             with contextlib.suppress(asyncio.TimeoutError):
                 # always yield, so the stop event and the requests in flight get their turn

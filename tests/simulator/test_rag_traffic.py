@@ -42,6 +42,7 @@ def test_storm_enters_thin_reuse_and_the_compaction_job_asks_the_gate(tmp_path) 
         loadgen = subprocess.Popen(
             [PYTHON, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(speed), "--sessions-per-s", "0",
              "--rag-preset", "--rag-set", "storm_start_min=0.5", "--rag-set", "storm_minutes=1.5",
+             "--rag-set", "compaction_every=150",  # the storm is 1.5 minutes, not 10: the job's N scaled alike
              "--duration", "100", "--seed", "3"],
             cwd=REPO, stdout=log, stderr=log, text=True)
         regimes: list[tuple[float, str, float | None]] = []
