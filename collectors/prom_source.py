@@ -12,7 +12,9 @@ Fleet TOML::
 
 Each cycle makes one instant query per signal family for all engines (``up``, the scrape time, the
 prefix-cache queries and hits, prompt, generation and cached tokens, preemptions, KV usage, running and
-waiting requests, the TTFT histogram, ``vllm:cache_config_info`` and ``process_start_time_seconds``).
+waiting requests, ``vllm:cache_config_info``, ``process_start_time_seconds``, and each serving histogram of
+`core.engine_metrics.histograms`: TTFT, end-to-end and inter-token latency, queue time, prompt and output
+lengths).
 Every engine, identified by its ``job`` and ``instance`` labels, becomes a target row exactly like a
 scraped one (URL ``http://<instance>``, name ``<instance>``, its other target labels as labels), and its
 samples go through the same code as a scraped page (`core.engine_metrics.page_from_samples`, then
@@ -42,6 +44,7 @@ from collectors.scrape import EngineScraper, ScrapeOutcome
 from collectors.store import Store
 from core import engine_metrics as em
 from core import signals as sig
+from core.engine_metrics import histograms as hist
 from db.models import Target
 
 # Signal families of vLLM (current and legacy names of one family in one query).
@@ -55,8 +58,9 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
     ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     ("vllm:num_requests_running",),
     ("vllm:num_requests_waiting",),
-    ("vllm:time_to_first_token_seconds_bucket",),
     ("vllm:cache_config_info",),
+    # The serving histograms (TTFT, end-to-end, inter-token, queue time, prompt and output lengths).
+    *(kinds["vllm"] for kinds in hist.FAMILIES.values()),
 )
 # Labels that tell series of one target apart (not the target's identity).
 SERIES_LABELS = frozenset({"__name__", "engine", "model_name", "le"})

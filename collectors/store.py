@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError
 
 from collectors.config import CollectorConfig
+from collectors.failures import describe_failure
 from collectors.rollups import Rollups, merge_rollups, rollup_rows
 from collectors.scrape import LogCursor, ScrapeOutcome
 from collectors.store_sidecar import chunks as _chunks
@@ -57,16 +58,6 @@ def target_specific(exc: BaseException) -> bool:
     """False for failures of the database as a whole (locked, full, unreachable): retrying each
     target alone would only wait for the same lock once per target."""
     return not isinstance(exc, OperationalError)
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line naming the cause, without the statement or its parameters."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
-        return f"{type(exc.orig).__name__}: {reason}"[:300]
-    if isinstance(exc, SQLAlchemyError):
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 class Store(Rollups):
