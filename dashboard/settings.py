@@ -2,8 +2,8 @@
 
 Optional settings come from the environment, not `st.secrets`: with no secrets
 file `st.secrets.get(key, default)` raises instead of returning the default.
-Nothing here is ever rendered: operator tokens and the passphrase stay on the
-server.
+Nothing here is ever rendered: operator tokens stay on the server. Operator
+accounts live in the database (`python -m dashboard accounts ...`).
 
 | variable | default | meaning |
 |---|---|---|
@@ -13,7 +13,6 @@ server.
 | PREFIXOPS_HEARTBEAT_STALE_SECONDS | 15 | the collectors' heartbeat older than this: collectors down |
 | PREFIXOPS_DIVERGENCE_THRESHOLD | 0.5 | D threshold drawn on charts (the sidecar decides the regime) |
 | PREFIXOPS_CACHED_TOKEN_PRICE | 0.1 | price of a cached prompt token relative to an uncached one |
-| PREFIXOPS_OPERATOR_PASSPHRASE | (unset: local sign-in off) | local operator passphrase |
 | PREFIXOPS_OPERATOR_ALLOWLIST | (empty) | comma-separated OIDC identities (email or sub) allowed to act |
 | PREFIXOPS_OPERATOR_TOKEN | (unset) | operator bearer token for every sidecar |
 | PREFIXOPS_CONFIG | (unset) | collectors' TOML; `[[sidecar]]` entries may carry `operator_token` |
@@ -57,7 +56,6 @@ class Settings:
     heartbeat_stale_seconds: float = 15.0
     divergence_threshold: float = 0.5
     cached_token_price: float = 0.1
-    operator_passphrase: str | None = field(default=None, repr=False)
     operator_allowlist: frozenset[str] = frozenset()
     default_operator_token: str | None = field(default=None, repr=False)
     config_path: str | None = None
@@ -76,7 +74,6 @@ class Settings:
             heartbeat_stale_seconds=_float(env, "PREFIXOPS_HEARTBEAT_STALE_SECONDS", 15.0, minimum=1.0),
             divergence_threshold=_float(env, "PREFIXOPS_DIVERGENCE_THRESHOLD", 0.5),
             cached_token_price=_float(env, "PREFIXOPS_CACHED_TOKEN_PRICE", 0.1),
-            operator_passphrase=env.get("PREFIXOPS_OPERATOR_PASSPHRASE") or None,
             operator_allowlist=allow,
             default_operator_token=env.get("PREFIXOPS_OPERATOR_TOKEN") or None,
             config_path=env.get("PREFIXOPS_CONFIG") or None,

@@ -22,7 +22,7 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 FIRST_REVISION = "0001"
 # For databases created without Alembic (tables present, no alembic_version): the newest
 # revision whose table exists is the one they are at.
-REVISION_MARKERS = (("0002", "rollups_10m"), ("0001", "targets"))
+REVISION_MARKERS = (("0003", "accounts"), ("0002", "rollups_10m"), ("0001", "targets"))
 
 
 def alembic_config(url: str | None = None) -> Config:
