@@ -33,7 +33,7 @@ def render_sign_in(settings: Settings) -> auth.Operator | None:
     who = auth.current_identity(settings)
     with st.sidebar:
         auth.render_cookie_sync()
-        st.subheader("Operator")
+        st.subheader("Account")
         if who is not None:
             st.markdown(f"Signed in as **{escape_md(who.name)}** ({who.role}"
                         + (", single sign-on" if who.method == "oidc" else "") + ")")

@@ -81,7 +81,7 @@ with add_col, st.form("account_add", clear_on_submit=True):
 
 with change_col:
     st.subheader("Change or remove")
-    chosen = st.selectbox("Account", names, key="account_chosen", index=None, placeholder="Choose an account")
+    chosen = st.selectbox("Account to change", names, key="account_chosen", index=None, placeholder="Choose an account")
     role = st.selectbox("New role", ROLES, key="account_role")
     cols = st.columns(2)
     if cols[0].button("Change role", key="account_set_role", disabled=chosen is None):
