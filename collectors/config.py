@@ -16,6 +16,12 @@ Format (all sections optional; see docs/collectors.md)::
     labels = { cluster = "eu-1", model = "llama-3.1-8b" }
     interval_s = 1.0
 
+    [[engines]]                    # engines read from a Prometheus query API (collectors.prom_source)
+    url = "http://prometheus:9090"
+    kind = "prometheus"
+    matchers = 'job="vllm"'
+    auth_header = "Bearer ..."     # optional
+
     [[sidecars]]
     url = "http://10.0.0.5:8100"
     engine = "http://10.0.0.5:8000"  # the engine it fronts
@@ -31,6 +37,12 @@ Format (all sections optional; see docs/collectors.md)::
 
     [alerts]                         # any field of core.alerts.AlertSettings
     thin_reuse_enter = 0.5
+    admission_wait_s = 60
+
+    dashboard_url = "http://dash.example:8501"  # top level: links in alerts (generatorURL)
+    [[alertmanagers]]                # alerts POSTed to Alertmanager's API v2 (collectors.alertmanager)
+    url = "http://alertmanager.example:9093"
+    auth_header = "Bearer ..."       # optional Authorization header
 
 Errors: `ConfigError` names the file, the entry and the offending value.
 """
@@ -43,9 +55,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from collectors.alertmanager import (
+    AlertmanagerConfigError,
+    AlertmanagerTarget,
+    parse_alertmanagers,
+    parse_dashboard_url,
+)
 from core.alerts import AlertSettings
 
-ENGINE_KINDS = ("vllm", "sglang", "auto")
+ENGINE_KINDS = ("vllm", "sglang", "auto", "prometheus")
 WEBHOOK_FORMATS = ("json", "alertmanager")
 
 
@@ -64,6 +82,15 @@ def normalise_url(url: str, *, where: str = "target") -> str:
     return url
 
 
+def check_matchers(matchers: str, where: str) -> str:
+    """Prometheus label matchers (``job="vllm", cluster=~"eu-.*"``), lightly checked: Prometheus
+    validates them fully at query time."""
+    text = matchers.strip().strip("{}").strip()
+    if text and ("=" not in text or any(c in text for c in "\n{}")):
+        raise ConfigError(f"{where}: matchers must look like 'job=\"vllm\", cluster=~\"eu-.*\"', got {matchers!r}")
+    return text
+
+
 def _positive(value: Any, name: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{where}: {name} must be a positive number, got {value!r}")
@@ -77,10 +104,17 @@ class EngineTarget:
     name: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     interval_s: float | None = None
+    # kind = "prometheus" only (collectors.prom_source): label matchers and an Authorization header.
+    matchers: str = ""
+    auth_header: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
             raise ConfigError(f"engine {self.url}: kind must be one of {ENGINE_KINDS}, got {self.kind!r}")
+        if self.kind != "prometheus" and (self.matchers or self.auth_header):
+            raise ConfigError(f"engine {self.url}: matchers and auth_header apply to kind = \"prometheus\" only")
+        if self.kind == "prometheus":
+            check_matchers(self.matchers, f"engine {self.url}")
 
 
 @dataclass(frozen=True)
@@ -121,6 +155,8 @@ class CollectorConfig:
     max_page_bytes: int = 20_000_000
     alerts: AlertSettings = field(default_factory=AlertSettings)
     source: str | None = None  # the file it came from
+    alertmanagers: tuple[AlertmanagerTarget, ...] = ()  # [[alertmanagers]]: see collectors.alertmanager
+    dashboard_url: str | None = None  # the dashboard's base URL, for links in alerts
 
     def interval_for(self, target: EngineTarget | SidecarTarget) -> float:
         return target.interval_s or self.interval_s
@@ -162,7 +198,8 @@ def _labels(value: Any, where: str) -> dict[str, str]:
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfig:
     """Validate a parsed TOML document into a CollectorConfig (raises ConfigError)."""
-    _check_keys(data, {"collector", "engines", "sidecars", "webhooks", "alerts"}, path)
+    _check_keys(data, {"collector", "engines", "sidecars", "webhooks", "alerts", "alertmanagers", "dashboard_url"},
+                path)
     general = data.get("collector", {})
     if not isinstance(general, dict):
         raise ConfigError(f"{path}: [collector] must be a table")
@@ -171,10 +208,11 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfi
     engines = []
     for i, entry in enumerate(_table_list(data, "engines", path)):
         where = f"{path} engines[{i}]"
-        _check_keys(entry, {"url", "kind", "name", "labels", "interval_s"}, where)
+        _check_keys(entry, {"url", "kind", "name", "labels", "interval_s", "matchers", "auth_header"}, where)
         engines.append(EngineTarget(
             url=normalise_url(str(entry.get("url", "")), where=where), kind=str(entry.get("kind", "auto")),
             name=entry.get("name"), labels=_labels(entry.get("labels"), where),
+            matchers=str(entry.get("matchers", "")), auth_header=entry.get("auth_header"),
             interval_s=_positive(entry["interval_s"], "interval_s", where) if "interval_s" in entry else None))
     sidecars = []
     for i, entry in enumerate(_table_list(data, "sidecars", path)):
@@ -208,8 +246,14 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfi
         alert_settings = AlertSettings.from_mapping(alert_table)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path} [alerts]: {exc}") from None
+    try:
+        alertmanagers = parse_alertmanagers(data.get("alertmanagers"), path)
+        dashboard_url = parse_dashboard_url(data.get("dashboard_url"), path)
+    except AlertmanagerConfigError as exc:
+        raise ConfigError(str(exc)) from None
     return CollectorConfig(
         engines=tuple(engines), sidecars=tuple(sidecars), webhooks=tuple(webhooks),
+        alertmanagers=alertmanagers, dashboard_url=dashboard_url,
         interval_s=_positive(general.get("interval_s", 1.0), "interval_s", f"{path} [collector]"),
         timeout_s=_positive(general.get("timeout_s", 2.0), "timeout_s", f"{path} [collector]"),
         raw_retention_s=_positive(general.get("raw_retention_h", 24), "raw_retention_h", path) * 3600.0,

@@ -156,6 +156,10 @@ class EngineScraper:
             return ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc))
         return self._outcome(page, ts, started)
 
+    def ingest_page(self, page: em.ParsedPage, ts: float) -> ScrapeOutcome:
+        """An engine page read elsewhere (the Prometheus source, `collectors.prom_source`)."""
+        return self._outcome(page, ts, time.perf_counter())
+
     def _outcome(self, page: em.ParsedPage, ts: float, started: float) -> ScrapeOutcome:
         self.kind = page.kind
         restarted = (page.process_start_ts is not None and self.prev_start is not None

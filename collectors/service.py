@@ -31,14 +31,16 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import Engine
 
 from collectors import notify
+from collectors.alertmanager import AlertmanagerSender
 from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
 from collectors.store import Store
 from core.alerts import AlertEvaluator, TargetHealth
 
 log = logging.getLogger(__name__)
 
-Scraper = EngineScraper | SidecarScraper
+Scraper = EngineScraper | SidecarScraper | PromSource
 MAINTENANCE_EVERY_S = 60.0
 FAST_WORKERS = 32
 SLOW_WORKERS = 512
@@ -64,6 +66,7 @@ class Collector:
         self.scrapers: dict[str, Scraper] = {}
         self.scheduler: BlockingScheduler | None = None
         self.notifier = notify.Notifier(engine, self.client, clock=clock)
+        self.alertmanager = AlertmanagerSender(engine, self.client, clock=clock)
         self.watcher = ConfigWatcher(config_path) if config_path else None
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
@@ -84,6 +87,7 @@ class Collector:
             self.evaluator.update_settings(config.alerts)
         self.config = config
         self.store.sync_targets(config)
+        register_engines(self.store, self.prom_engines(), now=self.clock())  # sync_targets unlisted them
         wanted: dict[str, Any] = {e.url: e for e in config.engines}
         wanted.update({s.url: s for s in config.sidecars})
         for url in list(self.scrapers):
@@ -92,7 +96,11 @@ class Collector:
                 del self.scrapers[url]
                 self.evaluator.forget_target(url)
         for e in config.engines:
-            if e.url not in self.scrapers:
+            if e.url not in self.scrapers and e.kind == "prometheus":
+                self.scrapers[e.url] = PromSource(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
+                                                  clock=self.clock)
+                self._add_job(e.url)
+            elif e.url not in self.scrapers:
                 self.scrapers[e.url] = EngineScraper(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
                                                      max_page_bytes=config.max_page_bytes, clock=self.clock)
                 self._add_job(e.url)
@@ -177,9 +185,11 @@ class Collector:
             return
         if self._stop.is_set():
             return  # shutting down: the client was closed under this scrape, its failure is not data
-        self._place(url, scraper, outcome)
-        self._log_outcome(outcome)
-        self.queue.put(outcome)
+        outcomes = outcome if isinstance(outcome, list) else [outcome]
+        self._place(url, scraper, outcomes[0])
+        for o in outcomes:
+            self._log_outcome(o)
+            self.queue.put(o)
 
     def _place(self, url: str, scraper: Scraper, outcome: ScrapeOutcome) -> None:
         """Move a target's job between the shared pool and the slow pool."""
@@ -227,11 +237,15 @@ class Collector:
         """Store outcomes, then run the alert rules on the targets they came from."""
         if not outcomes:
             return
+        prom = self.prom_engines()
+        fresh = {o.url: prom[o.url] for o in outcomes if o.url in prom and o.url not in self.store.target_ids}
+        if fresh:
+            register_engines(self.store, fresh, now=self.clock())
         self.store.write(outcomes)
         self.scrapes_done += len(outcomes)
         transitions = []
         for o in outcomes:
-            if o.url not in self.scrapers:
+            if o.url not in self.scrapers and o.url not in prom:
                 continue
             self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
             if o.ok:
@@ -252,8 +266,15 @@ class Collector:
             transitions.extend(self._evaluate(o.url, o.ts))
         self.store.apply_transitions(transitions, self.config)
 
+    def prom_engines(self) -> dict[str, Any]:
+        """Engines read through `kind = "prometheus"` targets, by URL."""
+        return {e.url: e for s in self.scrapers.values() if isinstance(s, PromSource) for e in s.engines.values()}
+
     def _evaluate(self, url: str, now: float) -> list[Any]:
-        scraper = self.scrapers[url]
+        scraper = self.scrapers.get(url)
+        if scraper is None:  # an engine read through a Prometheus source
+            return self.evaluator.evaluate_target(url, now, role="engine", engine_labels=self.engine_labels.get(url)
+                                                  or ("",), fronted_by_sidecar=url in self.fronted)
         labels = self.engine_labels.get(url) or ("",)
         return self.evaluator.evaluate_target(url, now, role=scraper.role, engine_labels=labels,
                                               fronted_by_sidecar=url in self.fronted)
@@ -262,7 +283,7 @@ class Collector:
         """Evaluate every target now (stale-data needs a clock tick, not a scrape)."""
         now = self.clock()
         transitions = []
-        for url in list(self.scrapers):
+        for url in [*self.scrapers, *self.prom_engines()]:
             transitions.extend(self._evaluate(url, now))
         self.store.apply_transitions(transitions, self.config)
 
@@ -342,6 +363,7 @@ class Collector:
         self.scheduler.add_job(lambda: self.submit(self.heartbeat), "interval", seconds=interval, id="heartbeat")
         self.scheduler.add_job(lambda: self.submit(self.sweep_alerts), "interval", seconds=1.0, id="alerts")
         self.scheduler.add_job(self._deliver, "interval", seconds=1.0, id="notify")
+        self.scheduler.add_job(self._send_alertmanagers, "interval", seconds=1.0, id="alertmanagers")
         self.scheduler.add_job(lambda: self.submit(self.queue_acks), "interval", seconds=5.0, id="acks")
         self.scheduler.add_job(lambda: self.submit(self.maintenance), "interval", seconds=MAINTENANCE_EVERY_S,
                                id="maintenance")
@@ -366,6 +388,10 @@ class Collector:
             self.stop_writer()
             self.client.close()
 
+    def _send_alertmanagers(self) -> None:
+        if self.config.alertmanagers:
+            self.alertmanager.tick(self.config.alertmanagers, self.config.dashboard_url)
+
     def _deliver(self) -> None:
         if self.config.webhooks:
             self.notifier.deliver_due(self.config.webhooks, write=self.submit)
@@ -377,7 +403,8 @@ class Collector:
             for i in range(rounds):
                 if i:
                     time.sleep(pause)
-                outcomes = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                results = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                outcomes = [o for r in results for o in (r if isinstance(r, list) else [r])]
                 for o in outcomes:
                     self._log_outcome(o)
                 self.process(outcomes)
@@ -385,6 +412,7 @@ class Collector:
         self.heartbeat()
         if self.config.webhooks:
             self.notifier.deliver_due(self.config.webhooks)
+        self._send_alertmanagers()
         self.store.rollup()
         self.client.close()
 

@@ -32,6 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+# The reuse window's default length (the sidecar's ``--window-s``, the exported PromQL rate windows).
+DEFAULT_WINDOW_S = 60.0
+
 Regime = Literal["normal", "thin-reuse"]
 REGIMES: tuple[Regime, ...] = ("normal", "thin-reuse")
 
@@ -186,7 +189,7 @@ class TimeWindow:
     out-of-order turn is kept and expires when it reaches the front.
     """
 
-    def __init__(self, window_s: float = 60.0, max_turns: int = 1_000_000) -> None:
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, max_turns: int = 1_000_000) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ReuseConfigError(f"window_s must be a finite number > 0, got {window_s!r}")
         if max_turns < 1:

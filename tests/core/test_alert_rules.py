@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
@@ -163,3 +165,25 @@ def test_target_down_inhibits_a_bare_engines_collapse_on_every_label():
         ("target-down", ("http://e", ""), "firing", None),
         ("collapse", ("http://e", "0"), "resolved", "target-down")]
     assert out[1].summary.startswith("inhibited by target-down")
+
+
+RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
+PARTS = ("**What it means.**", "**Confirm on the dashboard.**", "**What to do.**", "**How to undo.**")
+
+
+def runbook_sections() -> dict[str, str]:
+    """Level-2 sections of docs/runbook.md by their GitHub anchor."""
+    sections: dict[str, str] = {}
+    for chunk in re.split(r"^## ", RUNBOOK.read_text(), flags=re.M)[1:]:
+        title, _, body = chunk.partition("\n")
+        anchor = re.sub(r"[^a-z0-9 -]", "", title.strip().lower()).replace(" ", "-")
+        sections[anchor] = body
+    return sections
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_every_rule_has_a_runbook_section_with_its_four_parts(rule):
+    sections = runbook_sections()
+    assert rule in sections, f"docs/runbook.md has no section '## {rule}' (anchor #{rule})"
+    missing = [part for part in PARTS if part not in sections[rule]]
+    assert not missing, f"docs/runbook.md#{rule} lacks {missing}"
