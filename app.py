@@ -16,6 +16,7 @@ from dashboard import actions
 from dashboard.auth import current_identity
 from dashboard.settings import Settings, SettingsError
 from dashboard.sidebar import render_heartbeat, render_sign_in
+from dashboard.ui import route_default_alias
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -38,12 +39,14 @@ ACCOUNTS_PAGE = st.Page("pages/accounts.py", title="Accounts", url_path="account
 try:
     settings = Settings.from_env()
 except SettingsError as exc:
+    route_default_alias("overview")
     st.navigation(PAGES)
     st.error(f"Dashboard configuration error: {exc}")
     st.stop()
 
 # The Accounts page is listed for admins only (the page checks the role again).
 who = current_identity(settings)
+route_default_alias("overview")
 page = st.navigation(PAGES + ([ACCOUNTS_PAGE] if who is not None and who.may_manage_accounts else []))
 
 render_sign_in(settings)

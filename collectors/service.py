@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import random
 import signal
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor as FuturesPool
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -33,9 +35,10 @@ from sqlalchemy import Engine
 from collectors import notify
 from collectors.alertmanager import AlertmanagerSender
 from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.failures import FailureLog, describe_failure
 from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
-from collectors.store import Store
+from collectors.store import Store, WriteResult
 from core.alerts import AlertEvaluator, TargetHealth
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,8 @@ SLOW_WORKERS = 512
 SLOW_FRACTION = 0.5  # a scrape taking over half its interval (or timing out) marks the target slow
 FAST_AGAIN_AFTER = 10  # consecutive quick scrapes before a slow target goes back to the shared pool
 REPEAT_ERROR_LOG_S = 60.0
+RETRY_FOR_S = 600.0  # samples of a failed write are retried this long (a locked or full database)
+RETRY_MAX = 20_000  # outcomes kept for retry at most (the newest)
 
 
 class Collector:
@@ -76,6 +81,11 @@ class Collector:
         self._slow: set[str] = set()
         self._quick_streak: dict[str, int] = {}
         self.scrapes_done = 0
+        self.write_failures = 0
+        self._retry: list[ScrapeOutcome] = []
+        self._pending_transitions: list[Any] = []
+        self._evaluated_ts: dict[str, float] = {}
+        self.failures = FailureLog(log, clock, REPEAT_ERROR_LOG_S)
         self.config = config
         self.apply_config(config)
 
@@ -106,10 +116,9 @@ class Collector:
                 self._add_job(e.url)
         for s in config.sidecars:
             if s.url not in self.scrapers:
-                decisions, audit = self.store.cursors(s.url)
                 self.scrapers[s.url] = SidecarScraper(s, interval_s=config.interval_for(s), timeout_s=config.timeout_s,
-                                                      max_page_bytes=config.max_page_bytes, decision_cursor=decisions,
-                                                      audit_cursor=audit, clock=self.clock)
+                                                      max_page_bytes=config.max_page_bytes,
+                                                      cursors=self.store.cursors(s.url), clock=self.clock)
                 self._add_job(s.url)
         health = self.store.target_health()
         for url in self.scrapers:
@@ -233,38 +242,81 @@ class Collector:
 
     # ------------------------------------------------------------------ writer
 
-    def process(self, outcomes: list[ScrapeOutcome]) -> None:
-        """Store outcomes, then run the alert rules on the targets they came from."""
-        if not outcomes:
-            return
+    def process(self, outcomes: list[ScrapeOutcome]) -> WriteResult:
+        """Store outcomes (with those a failed write left for retry), then run the alert rules on
+        the targets they came from. A failed write is logged in one line and retried with the
+        next batch; a sidecar's entries are simply read again (its cursors did not advance)."""
+        batch = self._retry + list(outcomes)
+        self._retry = []
+        if not batch:
+            return WriteResult()
         prom = self.prom_engines()
-        fresh = {o.url: prom[o.url] for o in outcomes if o.url in prom and o.url not in self.store.target_ids}
+        fresh = {o.url: prom[o.url] for o in batch if o.url in prom and o.url not in self.store.target_ids}
         if fresh:
-            register_engines(self.store, fresh, now=self.clock())
-        self.store.write(outcomes)
+            try:
+                register_engines(self.store, fresh, now=self.clock())
+            except Exception as exc:  # noqa: BLE001 - locked or full: registered with a later batch
+                cause = describe_failure(exc)
+                self.failures.error("register", cause, "registering %d Prometheus engine(s) failed: %s",
+                                    len(fresh), cause)
+        result = self.store.write(batch)
+        if result.failed:
+            self._keep_for_retry(result)
         self.scrapes_done += len(outcomes)
-        transitions = []
-        for o in outcomes:
-            if o.url not in self.scrapers and o.url not in prom:
+        transitions = self._pending_transitions
+        self._pending_transitions = []
+        for o in result.committed:
+            scraper = self.scrapers.get(o.url)
+            if scraper is None and o.url not in prom:
                 continue
-            self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
-            if o.ok:
-                self.engine_labels[o.url] = o.engine_labels
-                by_label: dict[str, dict[str, float | None]] = {}
-                for label, name, value in o.samples:
-                    by_label.setdefault(label, {})[name] = value
-                for label, values in by_label.items():
-                    self.evaluator.observe((o.url, label), o.ts, values)
-                for d in o.decisions:
-                    regime = (d.get("data") or {}).get("regime")
-                    divergence = d.get("divergence")
-                    if divergence is None and regime is not None:
-                        divergence = 1.0 if regime == "thin-reuse" else 0.0
-                    # The collector's clock (when the grant was seen), not the sidecar's, times the hold.
-                    self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
-                                                      divergence=divergence)
+            if isinstance(scraper, SidecarScraper) and o.ok:
+                scraper.commit(o)
+            if o.ts <= self._evaluated_ts.get(o.url, -math.inf):
+                continue  # a retried outcome older than what the rules have seen
+            self._evaluated_ts[o.url] = o.ts
+            self._observe(o)
             transitions.extend(self._evaluate(o.url, o.ts))
-        self.store.apply_transitions(transitions, self.config)
+        self._apply(transitions)
+        return result
+
+    def _keep_for_retry(self, result: WriteResult) -> None:
+        now = self.clock()
+        # Sidecar documents are read again from the uncommitted cursors; keep the samples only.
+        kept = [replace(o, retried=True, state=None, sessions=None, subtrees=None, decisions=[], audit=[])
+                for o in result.failed if now - o.ts <= RETRY_FOR_S]
+        self._retry = kept[-RETRY_MAX:]
+        self.write_failures += 1
+        cause = "; ".join(dict.fromkeys(result.causes))
+        self.failures.error("write", cause, "writing %d scrape outcome(s) failed (%s); %d kept to retry, sidecar "
+                            "entries will be read again", len(result.failed), cause, len(self._retry))
+
+    def _apply(self, transitions: list[Any]) -> None:
+        try:
+            self.store.apply_transitions(transitions, self.config)
+        except Exception as exc:  # noqa: BLE001 - locked or full: keep them for the next batch
+            self._pending_transitions = transitions + self._pending_transitions
+            cause = describe_failure(exc)
+            self.failures.error("transitions", cause, "recording %d alert transition(s) failed (%s); retrying "
+                                "with the next batch", len(self._pending_transitions), cause)
+
+    def _observe(self, o: ScrapeOutcome) -> None:
+        self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
+        if not o.ok:
+            return
+        self.engine_labels[o.url] = o.engine_labels
+        by_label: dict[str, dict[str, float | None]] = {}
+        for label, name, value in o.samples:
+            by_label.setdefault(label, {})[name] = value
+        for label, values in by_label.items():
+            self.evaluator.observe((o.url, label), o.ts, values)
+        for d in o.decisions:
+            regime = (d.get("data") or {}).get("regime")
+            divergence = d.get("divergence")
+            if divergence is None and regime is not None:
+                divergence = 1.0 if regime == "thin-reuse" else 0.0
+            # The collector's clock (when the grant was seen), not the sidecar's, times the hold.
+            self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
+                                              divergence=divergence)
 
     def prom_engines(self) -> dict[str, Any]:
         """Engines read through `kind = "prometheus"` targets, by URL."""
@@ -285,12 +337,13 @@ class Collector:
         transitions = []
         for url in [*self.scrapers, *self.prom_engines()]:
             transitions.extend(self._evaluate(url, now))
-        self.store.apply_transitions(transitions, self.config)
+        self._apply(transitions)
 
     def heartbeat(self) -> None:
         up = sum(1 for h in self.evaluator.health.values() if h.last_attempt_ok)
         self.store.heartbeat(targets=len(self.scrapers), targets_up=up, config_path=self.config_path,
                              info={"scrapes": self.scrapes_done, "skipped_runs": self.skipped_runs,
+                                   "write_failures": self.write_failures, "retry": len(self._retry),
                                    "queue": self.queue.qsize()})
 
     def maintenance(self) -> None:
@@ -320,15 +373,17 @@ class Collector:
                     item = self.queue.get_nowait()
                 except queue.Empty:
                     break
-            try:
-                self.process(batch)
-            except Exception:
-                log.exception("writing %d scrape outcome(s) failed; they are dropped", len(batch))
+            self.guarded("processing scrape outcomes", self.process, batch)
             for op in ops:
-                try:
-                    op()
-                except Exception:
-                    log.exception("writer task failed")
+                self.guarded(f"writer task {getattr(op, '__name__', '?')}", op)
+
+    def guarded(self, what: str, op: Callable[..., Any], *args: Any) -> None:
+        """Run `op`; a failure (a locked or full database) is one line per cause a minute, never a traceback."""
+        try:
+            op(*args)
+        except Exception as exc:  # noqa: BLE001 - the writer and the jobs must outlive any failure
+            cause = describe_failure(exc)
+            self.failures.error(what, cause, "%s failed: %s", what, cause)
 
     def start_writer(self) -> None:
         self._writer = threading.Thread(target=self._writer_loop, name="writer", daemon=True)
@@ -362,8 +417,10 @@ class Collector:
         interval = self.config.interval_s
         self.scheduler.add_job(lambda: self.submit(self.heartbeat), "interval", seconds=interval, id="heartbeat")
         self.scheduler.add_job(lambda: self.submit(self.sweep_alerts), "interval", seconds=1.0, id="alerts")
-        self.scheduler.add_job(self._deliver, "interval", seconds=1.0, id="notify")
-        self.scheduler.add_job(self._send_alertmanagers, "interval", seconds=1.0, id="alertmanagers")
+        self.scheduler.add_job(self.guarded, "interval", args=["webhook delivery", self._deliver], seconds=1.0,
+                               id="notify")
+        self.scheduler.add_job(self.guarded, "interval", args=["Alertmanager delivery", self._send_alertmanagers],
+                               seconds=1.0, id="alertmanagers")
         self.scheduler.add_job(lambda: self.submit(self.queue_acks), "interval", seconds=5.0, id="acks")
         self.scheduler.add_job(lambda: self.submit(self.maintenance), "interval", seconds=MAINTENANCE_EVERY_S,
                                id="maintenance")

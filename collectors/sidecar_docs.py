@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from core import signals as sig
 
 
@@ -49,6 +51,18 @@ def text(value: Any, limit: int = 1000) -> str | None:
     return str(value)[:limit]
 
 
+def contract_problem(model: type[BaseModel], doc: Any) -> str | None:
+    """Why `doc` does not match its typed wire contract (`sidecar.wire`), in one line; None if it does.
+    The reader still takes such a document field by field: a drifted field costs that field only."""
+    try:
+        model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "document"
+        return f"{where}: {first.get('msg', 'invalid')} ({exc.error_count()} problem(s))"
+    return None
+
+
 def require_object(doc: Any, what: str) -> Mapping[str, Any]:
     if not isinstance(doc, Mapping):
         raise SidecarPayloadError(f"{what}: expected a JSON object, got {type(doc).__name__}")
@@ -79,6 +93,11 @@ def state_signals(state: Mapping[str, Any]) -> dict[str, float]:
         sig.ADMITTED: num(_get(state, "backlog", "admitted")),
         sig.PARKED: num(_get(state, "backlog", "parked")),
         sig.WAITING: num(_get(state, "backlog", "waiting")),
+        sig.OLDEST_PARKED_S: num(_get(state, "backlog", "oldest_parked_s")),
+        sig.TIME_TO_ADMIT_P50: num(_get(state, "backlog", "time_to_admit_s", "p50")),
+        sig.TIME_TO_ADMIT_P95: num(_get(state, "backlog", "time_to_admit_s", "p95")),
+        sig.PARK_TIME_P50: num(_get(state, "backlog", "park_time_s", "p50")),
+        sig.PARK_TIME_P95: num(_get(state, "backlog", "park_time_s", "p95")),
     }
     regime = _get(state, "reuse", "regime")
     if isinstance(regime, str):

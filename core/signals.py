@@ -22,6 +22,10 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
   denominator of ``engine_hit_ratio``, stored so ratios can be summed correctly
   over engine labels (sum the rates, then divide).
 - ``ttft_p50``, ``ttft_p90``, ``ttft_p99``: time to first token, seconds.
+- ``e2e_p50/p90/p99`` (end-to-end request latency), ``itl_p50/p90/p99`` (inter-token latency),
+  ``queue_time_p50/p90/p99`` (time in the engine's queue), seconds; ``prompt_len_p50/p90/p99`` and
+  ``output_len_p50/p90/p99``: prompt and output lengths of the requests finished in the interval,
+  tokens. All from the engine's histograms over the last interval (`core.engine_metrics.histograms`).
 - ``pool_tokens``: KV pool size in tokens.
 
 Sidecar signals (engine label is always ""):
@@ -34,10 +38,14 @@ Sidecar signals (engine label is always ""):
   ``band_low``, ``band_high`` (fractions of the pool).
 - ``turns_per_s``, ``sessions_in_system`` (admitted + parked + waiting),
   ``admitted``, ``parked``, ``waiting``.
-- ``oldest_waiting_s``: how long the oldest session waiting for admission has waited, seconds
-  (0 when nobody waits).
 - ``low_half_cached_fraction``: fraction of recent turns with under half of their
   prompt cached.
+- ``oldest_waiting_s``: seconds the longest-waiting new session has waited for admission
+  (``/state`` ``backlog``; 0 when nobody waits, so the admission-wait alert resolves).
+- ``oldest_parked_s``: seconds the longest-parked session has been parked (no sample while
+  nobody is parked).
+- ``time_to_admit_p50``, ``time_to_admit_p95``, ``park_time_p50``, ``park_time_p95``:
+  seconds, over the sidecar's recent window.
 
 Per-target signals written by the collector itself for every target:
 
@@ -71,6 +79,8 @@ PREFIX_CACHE_HITS_PER_S: Final = "prefix_cache_hits_per_s"
 TTFT_P50: Final = "ttft_p50"
 TTFT_P90: Final = "ttft_p90"
 TTFT_P99: Final = "ttft_p99"
+SERVING_QUANTILES: Final = tuple(f"{family}_{q}" for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
+                                 for q in ("p50", "p90", "p99"))
 POOL_TOKENS: Final = "pool_tokens"
 
 # Budgeter / backlog (sidecar)
@@ -85,6 +95,11 @@ PARKED: Final = "parked"
 WAITING: Final = "waiting"
 LOW_HALF_CACHED_FRACTION: Final = "low_half_cached_fraction"
 OLDEST_WAITING_S: Final = "oldest_waiting_s"
+OLDEST_PARKED_S: Final = "oldest_parked_s"
+TIME_TO_ADMIT_P50: Final = "time_to_admit_p50"
+TIME_TO_ADMIT_P95: Final = "time_to_admit_p95"
+PARK_TIME_P50: Final = "park_time_p50"
+PARK_TIME_P95: Final = "park_time_p95"
 
 # Collector bookkeeping
 UP: Final = "up"
@@ -94,11 +109,13 @@ ENGINE_SIGNALS: Final = (
     ENGINE_HIT_RATIO, KV_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S,
     PROMPT_TOKENS_PER_S, GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S,
     PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
+    *SERVING_QUANTILES,
 )
 SIDECAR_SIGNALS: Final = (
     TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
     DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
-    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S,
+    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S, OLDEST_PARKED_S, TIME_TO_ADMIT_P50, TIME_TO_ADMIT_P95,
+    PARK_TIME_P50, PARK_TIME_P95,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
 ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + TARGET_SIGNALS))

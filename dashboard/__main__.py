@@ -9,7 +9,7 @@
 The password is read from standard input: typed twice without echo at a terminal,
 else the first line (``printf '%s\\n' "$PW" | python -m dashboard accounts add ...``),
 so it never appears in the process list or the shell history. The database is
-``--database-url`` > ``$DATABASE_URL`` > ``sqlite:///data/prefixops.db``; its schema
+``--database-url`` > ``$PREFIXOPS_DATABASE_URL`` > ``$DATABASE_URL`` > ``sqlite:///data/prefixops.db``; its schema
 is migrated to the newest first (as the collectors do on start). Every change is
 written to the security log with the method ``cli`` and the acting OS user.
 Exit status: 0 done, 1 refused (the message says why), 2 usage error.
@@ -51,7 +51,7 @@ def _os_user() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dashboard", description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=None, help="default: $DATABASE_URL, else sqlite:///data/prefixops.db")
+    parser.add_argument("--database-url", default=None, help="default: $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else sqlite:///data/prefixops.db")
     groups = parser.add_subparsers(dest="group", required=True)
     acc = groups.add_parser("accounts", help="operator accounts").add_subparsers(dest="command", required=True)
     add = acc.add_parser("add", help="create an account (password from standard input)")

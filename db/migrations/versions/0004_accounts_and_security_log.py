@@ -2,8 +2,8 @@
 
 New tables only; nothing existing changes (issue 13 item 7).
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003_epochs
 Create Date: 2026-12-01 13:26:12.647958
 """
 
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0003'
-down_revision = '0002'
+revision = '0004'
+down_revision = '0003_epochs'
 branch_labels = None
 depends_on = None
 
