@@ -1,4 +1,4 @@
-"""db.accounts on SQLite and PostgreSQL: the 0003 migration over a database with data, accounts,
+"""db.accounts on SQLite and PostgreSQL: the 0004 migration over a database with data, accounts,
 sign-in sessions, the throttle and the security log."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def engine(db_url):
     e.dispose()
 
 
-def test_upgrade_from_0002_with_data_keeps_it_and_adds_the_accounts_tables(db_url):
+def test_upgrade_from_0003_with_data_keeps_it_and_adds_the_accounts_tables(db_url):
     engine = make_engine(db_url)
-    upgrade(engine, "0002")
+    upgrade(engine, "0003_epochs")
     old = Store(engine, clock=lambda: T0)
     old.sync_targets(config())
     old.write([engine_outcome(T0 + i, 0.5) for i in range(60)])
@@ -37,7 +37,7 @@ def test_upgrade_from_0002_with_data_keeps_it_and_adds_the_accounts_tables(db_ur
                                                      severity="critical", state="firing", started_ts=T0,
                                                      summary="s", values={}, silenced=False))
     upgrade(engine)
-    assert current_revision(engine) == head_revision() == "0003"
+    assert current_revision(engine) == head_revision() == "0004"
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Sample)).scalar() == 60 * 3
         assert conn.execute(select(AuditEntry.actor)).scalars().all() == ["alice"]
