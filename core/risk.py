@@ -128,34 +128,34 @@ class RiskSettings:
     flow_hi: float = 3.0
     # both
     missed_lo: float = 0.3
-    missed_hi: float = 0.7
+    missed_hi: float = 0.6
     drop_lo: float = 0.1
     drop_hi: float = 0.4
     # engine inputs
-    kv_lo: float = 0.85
-    kv_hi: float = 0.99
-    queue_lo: float = 2.0
-    queue_hi: float = 15.0
-    queue_growth_lo: float = 1.0
-    queue_growth_hi: float = 10.0
+    kv_lo: float = 0.65
+    kv_hi: float = 0.95
+    queue_lo: float = 3.0
+    queue_hi: float = 20.0
+    queue_growth_lo: float = 2.0
+    queue_growth_hi: float = 13.0
     preempt_lo: float = 0.05
-    preempt_hi: float = 0.5
-    # weights
-    w_kv_demand: float = 0.6
+    preempt_hi: float = 0.35
+    # weights (a contribution is weight x pressure; the score is their sum, capped at 1)
+    w_kv_demand: float = 0.7
     w_demand_trend: float = 0.3
-    w_session_flow: float = 0.2
+    w_session_flow: float = 0.1
     w_missed_prefill: float = 0.4
     w_rt_trend: float = 0.2
-    w_kv_usage: float = 0.3
-    w_queue: float = 0.2
-    w_queue_growth: float = 0.2
-    w_preemptions: float = 0.2
-    w_hit_trend: float = 0.3
+    w_kv_usage: float = 0.55
+    w_queue: float = 0.3
+    w_queue_growth: float = 0.15
+    w_preemptions: float = 0.15
+    w_hit_trend: float = 0.1
     w_throughput: float = 0.1
-    # the warning
+    # the warning (the collapse-risk alert's thresholds and hold times)
     warn_enter: float = 0.6
     warn_exit: float = 0.35
-    warn_for_s: float = 10.0
+    warn_for_s: float = 5.0
     warn_clear_s: float = 60.0
 
     def __post_init__(self) -> None:
