@@ -87,7 +87,7 @@ def engine_page_times(url: str, engine: str, ranges: list[str], runs: int, end_t
 
 def query_times(url: str, runs: int) -> dict[str, float]:
     """The database part alone: the Engine page's two series queries, per range."""
-    from dashboard import queries as q
+    from dashboard import frames as q
     from db import make_engine
 
     engine = make_engine(url, read_only=True)

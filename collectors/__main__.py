@@ -3,6 +3,7 @@
     python -m collectors [--config FILE] [--engine URL]... [--sidecar URL]... [--database-url URL]
                          [--once] [--interval S] [--log-level LEVEL]
     python -m collectors status [--json] [--database-url URL]
+    python -m collectors export-rules --out DIR [--config FILE] [--runbook-base URL] [--dashboard-url URL]
 
 Exit codes: 0 ok (also with --once when targets are down: that is data), 2 bad arguments or
 configuration, 1 database unreachable.
@@ -125,6 +126,10 @@ def run_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "export-rules":
+        from collectors.prom_export import main as export_main
+
+        return export_main(argv[1:])
     if argv and argv[0] == "status":
         try:
             return status_main(argv[1:])

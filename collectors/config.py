@@ -31,6 +31,12 @@ Format (all sections optional; see docs/collectors.md)::
 
     [alerts]                         # any field of core.alerts.AlertSettings
     thin_reuse_enter = 0.5
+    admission_wait_s = 60
+
+    dashboard_url = "http://dash.example:8501"  # top level: links in alerts (generatorURL)
+    [[alertmanagers]]                # alerts POSTed to Alertmanager's API v2 (collectors.alertmanager)
+    url = "http://alertmanager.example:9093"
+    auth_header = "Bearer ..."       # optional Authorization header
 
 Errors: `ConfigError` names the file, the entry and the offending value.
 """
@@ -43,6 +49,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from collectors.alertmanager import (
+    AlertmanagerConfigError,
+    AlertmanagerTarget,
+    parse_alertmanagers,
+    parse_dashboard_url,
+)
 from core.alerts import AlertSettings
 
 ENGINE_KINDS = ("vllm", "sglang", "auto")
@@ -121,6 +133,8 @@ class CollectorConfig:
     max_page_bytes: int = 20_000_000
     alerts: AlertSettings = field(default_factory=AlertSettings)
     source: str | None = None  # the file it came from
+    alertmanagers: tuple[AlertmanagerTarget, ...] = ()  # [[alertmanagers]]: see collectors.alertmanager
+    dashboard_url: str | None = None  # the dashboard's base URL, for links in alerts
 
     def interval_for(self, target: EngineTarget | SidecarTarget) -> float:
         return target.interval_s or self.interval_s
@@ -162,7 +176,8 @@ def _labels(value: Any, where: str) -> dict[str, str]:
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfig:
     """Validate a parsed TOML document into a CollectorConfig (raises ConfigError)."""
-    _check_keys(data, {"collector", "engines", "sidecars", "webhooks", "alerts"}, path)
+    _check_keys(data, {"collector", "engines", "sidecars", "webhooks", "alerts", "alertmanagers", "dashboard_url"},
+                path)
     general = data.get("collector", {})
     if not isinstance(general, dict):
         raise ConfigError(f"{path}: [collector] must be a table")
@@ -208,8 +223,14 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfi
         alert_settings = AlertSettings.from_mapping(alert_table)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{path} [alerts]: {exc}") from None
+    try:
+        alertmanagers = parse_alertmanagers(data.get("alertmanagers"), path)
+        dashboard_url = parse_dashboard_url(data.get("dashboard_url"), path)
+    except AlertmanagerConfigError as exc:
+        raise ConfigError(str(exc)) from None
     return CollectorConfig(
         engines=tuple(engines), sidecars=tuple(sidecars), webhooks=tuple(webhooks),
+        alertmanagers=alertmanagers, dashboard_url=dashboard_url,
         interval_s=_positive(general.get("interval_s", 1.0), "interval_s", f"{path} [collector]"),
         timeout_s=_positive(general.get("timeout_s", 2.0), "timeout_s", f"{path} [collector]"),
         raw_retention_s=_positive(general.get("raw_retention_h", 24), "raw_retention_h", path) * 3600.0,

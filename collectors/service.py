@@ -31,6 +31,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from sqlalchemy import Engine
 
 from collectors import notify
+from collectors.alertmanager import AlertmanagerSender
 from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
 from collectors.store import Store
@@ -64,6 +65,7 @@ class Collector:
         self.scrapers: dict[str, Scraper] = {}
         self.scheduler: BlockingScheduler | None = None
         self.notifier = notify.Notifier(engine, self.client, clock=clock)
+        self.alertmanager = AlertmanagerSender(engine, self.client, clock=clock)
         self.watcher = ConfigWatcher(config_path) if config_path else None
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
@@ -342,6 +344,7 @@ class Collector:
         self.scheduler.add_job(lambda: self.submit(self.heartbeat), "interval", seconds=interval, id="heartbeat")
         self.scheduler.add_job(lambda: self.submit(self.sweep_alerts), "interval", seconds=1.0, id="alerts")
         self.scheduler.add_job(self._deliver, "interval", seconds=1.0, id="notify")
+        self.scheduler.add_job(self._send_alertmanagers, "interval", seconds=1.0, id="alertmanagers")
         self.scheduler.add_job(lambda: self.submit(self.queue_acks), "interval", seconds=5.0, id="acks")
         self.scheduler.add_job(lambda: self.submit(self.maintenance), "interval", seconds=MAINTENANCE_EVERY_S,
                                id="maintenance")
@@ -366,6 +369,10 @@ class Collector:
             self.stop_writer()
             self.client.close()
 
+    def _send_alertmanagers(self) -> None:
+        if self.config.alertmanagers:
+            self.alertmanager.tick(self.config.alertmanagers, self.config.dashboard_url)
+
     def _deliver(self) -> None:
         if self.config.webhooks:
             self.notifier.deliver_due(self.config.webhooks, write=self.submit)
@@ -385,6 +392,7 @@ class Collector:
         self.heartbeat()
         if self.config.webhooks:
             self.notifier.deliver_due(self.config.webhooks)
+        self._send_alertmanagers()
         self.store.rollup()
         self.client.close()
 

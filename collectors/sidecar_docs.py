@@ -68,6 +68,7 @@ def state_signals(state: Mapping[str, Any]) -> dict[str, float]:
         sig.TOKEN_WEIGHTED: num(_get(state, "reuse", "token_weighted")),
         sig.REQUEST_WEIGHTED: num(_get(state, "reuse", "request_weighted")),
         sig.DIVERGENCE: num(_get(state, "reuse", "divergence")),
+        sig.KNOWN_TURNS: num(_get(state, "reuse", "known_turns")),
         sig.LOW_HALF_CACHED_FRACTION: num(_get(state, "reuse", "low_cached_fraction"))
         if _get(state, "reuse", "low_half_cached_fraction") is None
         else num(_get(state, "reuse", "low_half_cached_fraction")),
@@ -91,6 +92,10 @@ def state_signals(state: Mapping[str, Any]) -> dict[str, float]:
     if total is None and all(out[k] is not None for k in (sig.ADMITTED, sig.PARKED, sig.WAITING)):
         total = sum(out[k] or 0.0 for k in (sig.ADMITTED, sig.PARKED, sig.WAITING))
     out[sig.SESSIONS_IN_SYSTEM] = total
+    oldest = num(_get(state, "backlog", "oldest_waiting_s"))
+    if oldest is None and isinstance(state.get("backlog"), Mapping) and "oldest_waiting_s" in state["backlog"]:
+        oldest = 0.0  # null: nobody waits
+    out[sig.OLDEST_WAITING_S] = oldest
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -18,7 +18,7 @@ API::
     w = TimeWindow(window_s=60.0)            # or LastTurns(n=200)
     w.add(Turn(t=now, prompt_tokens=1200, cached_tokens=1000))
     s = w.stats(now)                         # ReuseStats (TimeWindow drops turns older than now - window_s)
-    d = RegimeDetector(RegimeConfig(enter=0.5, exit=0.4, min_turns=20))
+    d = RegimeDetector(RegimeConfig(enter=0.5, exit=0.4, min_turns=20))  # the defaults
     d.update(s)                              # -> "thin-reuse" | "normal"
 
 ``stats_of(turns)`` computes the same ``ReuseStats`` from any iterable of turns.
@@ -31,6 +31,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+# The reuse window's default length (the sidecar's ``--window-s``, the exported PromQL rate windows).
+DEFAULT_WINDOW_S = 60.0
 
 Regime = Literal["normal", "thin-reuse"]
 REGIMES: tuple[Regime, ...] = ("normal", "thin-reuse")
@@ -186,7 +189,7 @@ class TimeWindow:
     out-of-order turn is kept and expires when it reaches the front.
     """
 
-    def __init__(self, window_s: float = 60.0, max_turns: int = 1_000_000) -> None:
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S, max_turns: int = 1_000_000) -> None:
         if not (math.isfinite(window_s) and window_s > 0):
             raise ReuseConfigError(f"window_s must be a finite number > 0, got {window_s!r}")
         if max_turns < 1:
@@ -241,7 +244,9 @@ class LastTurns:
 
 @dataclass(frozen=True, slots=True)
 class RegimeConfig:
-    """Thin-reuse detector: enter when D > enter, leave when D < exit, judged with >= min_turns known turns."""
+    """The thin-reuse judgement, the one source of its defaults (the sidecar, the simulator and the
+    ``thin-reuse`` alert all derive theirs from it): entered when ``D >= enter`` with at least
+    ``min_turns`` known turns in the window, left when ``D < exit`` (judged with as many turns)."""
 
     enter: float = 0.5
     exit: float = 0.4
@@ -260,18 +265,34 @@ class RegimeConfig:
             raise ReuseConfigError(f"min_turns must be >= 1, got {self.min_turns!r}")
 
 
+DEFAULT_REGIME = RegimeConfig()
+
+Verdict = Literal["enter", "hold", "exit"]
+
+
+def regime_verdict(divergence: float | None, known_turns: int, config: RegimeConfig) -> Verdict | None:
+    """What the window says about thin reuse: ``"enter"`` (D >= enter), ``"exit"`` (D < exit), ``"hold"``
+    (in between: the regime keeps its state), or None (not judged: no D, or fewer than ``min_turns``
+    known turns). The regime detector and the ``thin-reuse`` alert both decide with this function."""
+    if divergence is None or known_turns < config.min_turns:
+        return None
+    if divergence >= config.enter:
+        return "enter"
+    if divergence < config.exit:
+        return "exit"
+    return "hold"
+
+
 def next_regime(current: Regime, stats: ReuseStats, config: RegimeConfig) -> Regime:
     """The regime after seeing ``stats``; unchanged while fewer than ``min_turns`` known turns exist.
 
-    With hysteresis: normal -> thin-reuse only when D > enter; thin-reuse ->
+    With hysteresis (`regime_verdict`): normal -> thin-reuse when D >= enter; thin-reuse ->
     normal only when D < exit. Between the two thresholds the regime holds.
     """
-    d = stats.divergence
-    if d is None or stats.known_turns < config.min_turns:
-        return current
-    if current == "normal" and d > config.enter:
+    verdict = regime_verdict(stats.divergence, stats.known_turns, config)
+    if verdict == "enter":
         return "thin-reuse"
-    if current == "thin-reuse" and d < config.exit:
+    if verdict == "exit":
         return "normal"
     return current
 

@@ -27,11 +27,15 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
 Sidecar signals (engine label is always ""):
 
 - ``token_weighted`` (R_t), ``request_weighted`` (R_r), ``divergence`` (D = R_r - R_t).
+- ``known_turns``: turns with a known cached count in the sidecar's reuse window (the thin-reuse
+  judgement needs at least ``RegimeConfig.min_turns`` of them).
 - ``thin_reuse``: 1 while the sidecar reports the thin-reuse regime, else 0.
 - ``pool_tokens``, ``demand_tokens``, ``demand_fraction`` (demand / pool),
   ``band_low``, ``band_high`` (fractions of the pool).
 - ``turns_per_s``, ``sessions_in_system`` (admitted + parked + waiting),
   ``admitted``, ``parked``, ``waiting``.
+- ``oldest_waiting_s``: how long the oldest session waiting for admission has waited, seconds
+  (0 when nobody waits).
 - ``low_half_cached_fraction``: fraction of recent turns with under half of their
   prompt cached.
 
@@ -57,6 +61,7 @@ from typing import Final
 TOKEN_WEIGHTED: Final = "token_weighted"
 REQUEST_WEIGHTED: Final = "request_weighted"
 DIVERGENCE: Final = "divergence"
+KNOWN_TURNS: Final = "known_turns"
 THIN_REUSE: Final = "thin_reuse"
 
 # Engine
@@ -86,6 +91,7 @@ ADMITTED: Final = "admitted"
 PARKED: Final = "parked"
 WAITING: Final = "waiting"
 LOW_HALF_CACHED_FRACTION: Final = "low_half_cached_fraction"
+OLDEST_WAITING_S: Final = "oldest_waiting_s"
 
 # Collapse risk (core.risk): the score, and a prefix + input name for each input's contribution
 COLLAPSE_RISK: Final = "collapse_risk"
@@ -106,9 +112,9 @@ ENGINE_SIGNALS: Final = (
     PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
 )
 SIDECAR_SIGNALS: Final = (
-    TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
+    TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
     DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
-    LOW_HALF_CACHED_FRACTION,
+    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
 ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + RISK_SIGNALS + TARGET_SIGNALS))

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard import data
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.auth import Operator, current_operator
 from dashboard.control import ControlResult, SidecarControl, load_sidecar_tokens, token_for
 from dashboard.settings import Settings

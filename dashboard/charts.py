@@ -7,11 +7,15 @@ Honesty rules every chart follows:
   to now is shaded grey and labelled "no data since ...";
 - operator actions, compaction decisions and alerts opening/closing are drawn
   as markers on every time chart, with hover text saying what happened;
-- times are UTC and say so.
+- times are UTC and say so;
+- every text that reaches a hover label, legend or annotation goes through `plain()`: plotly
+  renders a subset of HTML there (``<b>``, ``<a href>``), and subtree ids, reasons, actors and
+  session ids are set by clients.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
 import pandas as pd
@@ -70,6 +74,11 @@ BASE_LAYOUT = dict(margin=dict(l=50, r=20, t=40, b=60), height=320,
                    hovermode="x unified")
 
 
+def plain(text: object) -> str:
+    """Text made inert for plotly's HTML-subset labels (no tags, links or entities)."""
+    return html.escape(str(text), quote=False)
+
+
 def to_time(ts: pd.Series | Sequence[float] | float) -> pd.Series | pd.Timestamp:
     if isinstance(ts, int | float):
         return pd.to_datetime(ts, unit="s", utc=True)
@@ -96,7 +105,8 @@ def signal_line(frame: pd.DataFrame, signal: str, *, max_gap: float, name: str |
     if part.empty:
         return None
     part = with_gaps(part, max_gap)
-    return go.Scatter(x=to_time(part["ts"]), y=part["value"], mode="lines", name=name or LABELS.get(signal, signal),
+    return go.Scatter(x=to_time(part["ts"]), y=part["value"], mode="lines",
+                      name=plain(name or LABELS.get(signal, signal)),
                       line=dict(color=color or COLORS.get(signal), dash=dash, width=width), connectgaps=False)
 
 
@@ -127,7 +137,7 @@ def add_events(fig: go.Figure, events: pd.DataFrame, *, rows: int = 1, y: float 
         if part.empty:
             continue
         fig.add_trace(go.Scatter(x=to_time(part["ts"]), y=[y] * len(part), mode="markers", name=label,
-                                 marker=dict(color=color, symbol=symbol, size=10), hovertext=list(part["text"]),
+                                 marker=dict(color=color, symbol=symbol, size=10), hovertext=[plain(t) for t in part["text"]],
                                  hoverinfo="text+x", legendgroup=label),
                       **({"row": 1, "col": 1} if rows > 1 else {}))
         if kind in VLINE_KINDS:
@@ -252,7 +262,7 @@ def overview_figure(frame: pd.DataFrame, names: dict[int, str], *, start: float,
         if last is not None and now - last > stale_after:
             fig.add_annotation(x=to_time(last), y=float(part.loc[part["ts"].idxmax(), "value"]), showarrow=True,
                                arrowhead=2, ax=30, ay=-25, font=dict(color="#616161"),
-                               text=f"{name}: no data since {to_time(last):%H:%M:%S} UTC", bgcolor="#eeeeee")
+                               text=f"{plain(name)}: no data since {to_time(last):%H:%M:%S} UTC", bgcolor="#eeeeee")
     fig.update_yaxes(range=[0, 1.05], title_text="hit rate")
     add_staleness(fig, _last_ts(frame), now, stale_after)
     return _finish(fig, start, end, "R_t (solid) and R_r (dashed) per engine (UTC)")

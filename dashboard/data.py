@@ -23,7 +23,7 @@ import streamlit as st
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.settings import Settings
 from db import make_engine, sqlite_path
 

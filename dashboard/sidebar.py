@@ -9,7 +9,7 @@ import streamlit as st
 from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard import auth, data
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.settings import Settings
 from dashboard.status import age_text, collectors_alive
 from dashboard.ui import escape_md

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboard.queries import EngineRef, TargetHealth
+from dashboard.frames import EngineRef, TargetHealth
 
 STATES = ("down", "stale", "collapsed", "thin-reuse", "healthy", "unknown")
 BADGE = {"down": "DOWN", "stale": "STALE", "collapsed": "COLLAPSED", "thin-reuse": "THIN-REUSE",

@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
-from dashboard.queries import EngineRef
+from dashboard.frames import EngineRef
 from dashboard.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ def back_to_live_button(window: TimeWindow) -> None:
 
 def max_gap_for(window: TimeWindow) -> float:
     """A missing stretch longer than this is drawn as a gap."""
-    from dashboard.queries import step_for_span
+    from dashboard.frames import step_for_span
 
     step = step_for_span(window.span)
     return max(10.0, 3 * step)

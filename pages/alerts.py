@@ -9,7 +9,7 @@ import streamlit as st
 
 from core.alerts import RULES
 from dashboard import actions, data
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.settings import Settings
 from dashboard.status import age_text

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.settings import Settings
 from dashboard.status import age_text, collectors_alive, engine_status
 from dashboard.ui import (

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from dashboard import charts, data
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.settings import Settings
 from dashboard.status import COLOR, age_text, collectors_alive, engine_status
 from dashboard.ui import RANGES, ensure_router, escape_md, fmt_tokens, require_database

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import actions, data
-from dashboard import queries as q
+from dashboard import frames as q
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text
 from dashboard.ui import escape_md, fmt_ts, open_sidecar_page

@@ -47,6 +47,7 @@ from .metrics import SidecarCollector
 from .pool import fetch_pool_tokens
 from .settings import Settings
 from .store import Store
+from .wire import AuditEntry, DecisionDoc, HealthDoc, SessionDoc, SessionDocState, SessionsPage, StateDoc
 
 log = logging.getLogger(__name__)
 
@@ -630,22 +631,44 @@ def create_app(settings: Settings, *, store: Store | None = None,
                         headers=response_headers(response))
 
     # ------------------------------------------------------------------ reads
-    @app.get("/healthz", tags=["read"])
+    @app.get("/healthz", tags=["read"], response_model=HealthDoc)
     async def healthz() -> dict[str, Any]:
         return {"status": "ok", "uptime_s": cp.clock() - cp.started_at, "engine": engine,
                 "read_only": not settings.operator_token}
 
-    @app.get("/state", tags=["read"], dependencies=[Depends(require_viewer)])
+    @app.get("/state", tags=["read"], dependencies=[Depends(require_viewer)], response_model=StateDoc)
     async def state(request: Request) -> JSONResponse:
         return JSONResponse(json_safe(cp.state_doc()))
 
-    @app.get("/sessions", tags=["read"], dependencies=[Depends(require_viewer)])
+    @app.get("/sessions", tags=["read"], dependencies=[Depends(require_viewer)],
+             response_model=list[SessionDoc] | SessionsPage,
+             summary="Sessions: the whole list, or with updated_after / limit / cursor one page "
+                     '{"sessions": [...], "next": CURSOR or null} in ascending (updated_at, id) order')
     async def sessions(request: Request,
-                       state: Literal["admitted", "parked", "waiting", "ended"] | None = None,
-                       include_ended: bool = True) -> JSONResponse:
-        return JSONResponse(json_safe(cp.sessions_doc(include_ended=include_ended, state=state)))
+                       state: SessionDocState | None = None,
+                       include_ended: bool = True,
+                       updated_after: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+                       limit: Annotated[int | None, Query(ge=1, le=10000)] = None,
+                       cursor: Annotated[str | None, Query(max_length=600)] = None) -> JSONResponse:
+        if updated_after is None and limit is None and cursor is None:
+            return JSONResponse(json_safe(cp.sessions_doc(include_ended=include_ended, state=state)))
+        after: tuple[float, str] | None = None
+        if cursor is not None:
+            ts_text, sep, sid = cursor.partition(":")
+            try:
+                after = (float(ts_text), sid)
+            except ValueError:
+                after = None
+            if not sep or after is None or not math.isfinite(after[0]):
+                raise ApiError(422, "invalid_value", f"cursor must be a 'next' value of /sessions, got "
+                               f"{cursor[:80]!r}", field="cursor", value=cursor[:200])
+        page, last = cp.sessions_page(updated_after=updated_after, cursor=after, limit=limit or 1000,
+                                      include_ended=include_ended, state=state)
+        return JSONResponse(json_safe({"sessions": page,
+                                       "next": None if last is None else f"{last[0]!r}:{last[1]}"}))
 
-    @app.get("/sessions/{session_id}", tags=["read"], dependencies=[Depends(require_viewer)])
+    @app.get("/sessions/{session_id}", tags=["read"], dependencies=[Depends(require_viewer)],
+             response_model=SessionDoc)
     async def session(request: Request, session_id: Annotated[str, Path(max_length=256, examples=["agent-1"])]) -> JSONResponse:
         try:
             return JSONResponse(json_safe(cp.session_doc(session_id)))
@@ -674,12 +697,13 @@ def create_app(settings: Settings, *, store: Store | None = None,
     async def subtrees(request: Request) -> JSONResponse:
         return JSONResponse(json_safe(cp.subtrees_doc()))
 
-    @app.get("/compaction/decisions", tags=["read"], dependencies=[Depends(require_viewer)])
+    @app.get("/compaction/decisions", tags=["read"], dependencies=[Depends(require_viewer)],
+             response_model=list[DecisionDoc])
     async def compaction_decisions(request: Request, after_id: Annotated[int, Query(ge=0)] = 0,
                                    limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> JSONResponse:
         return JSONResponse(json_safe(store.decisions(after_id, limit)))
 
-    @app.get("/audit", tags=["read"], dependencies=[Depends(require_viewer)])
+    @app.get("/audit", tags=["read"], dependencies=[Depends(require_viewer)], response_model=list[AuditEntry])
     async def audit(request: Request, after_id: Annotated[int, Query(ge=0)] = 0,
                     limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> JSONResponse:
         return JSONResponse(json_safe(store.audit(after_id, limit)))

@@ -116,6 +116,7 @@ class ControlPlane:
         self.counters = Counters()
         self.decision_counts: dict[tuple[str, str], int] = {}
         self._held: dict[str, list[asyncio.Future[str]]] = {}
+        self.updated: dict[str, float] = {}  # session id -> when its document last changed
         self.held_requests = 0
         self.in_flight = 0
         self.unsessioned_in_flight = 0
@@ -171,6 +172,7 @@ class ControlPlane:
         sessions = budgeter.sessions()
         for s in sessions:
             self.extras[s.id] = SessionExtra()
+            self.updated[s.id] = s.last_activity
         log.info("restored %d sessions (%s) from the state db", len(sessions), budgeter.counts())
         return budgeter
 
@@ -241,7 +243,13 @@ class ControlPlane:
     # ------------------------------------------------------------ traffic
     def request_turn(self, session_id: str, prompt_tokens: int, output_budget: int | None) -> str:
         self._dirty = True
-        return self.budgeter.request_turn(session_id, self.clock(), prompt_tokens, output_budget)
+        now = self.clock()
+        self.updated[session_id] = now
+        return self.budgeter.request_turn(session_id, now, prompt_tokens, output_budget)
+
+    def touch(self, session_id: str) -> None:
+        """The session's document changed: incremental /sessions readers must see it again."""
+        self.updated[session_id] = self.clock()
 
     async def hold(self, session_id: str, disconnected: Callable[[], Awaitable[Any]]) -> str:
         """Wait until the session's held turn is released; -> forward | retry | ended | timeout | disconnected."""
@@ -290,6 +298,7 @@ class ControlPlane:
     def release(self) -> list[str]:
         released = self.budgeter.release(self.clock())
         for session_id in released:
+            self.touch(session_id)
             self._wake(session_id, "forward")
         if released:
             self._dirty = True
@@ -318,6 +327,7 @@ class ControlPlane:
         if session_id is None:
             return
         self._dirty = True
+        self.updated[session_id] = now
         extra = self.extras.setdefault(session_id, SessionExtra())
         extra.requests += 1
         if subtree is not None:
@@ -344,7 +354,8 @@ class ControlPlane:
         self._wake(session_id, "ended")
         extra = self.extras.pop(session_id, None) or SessionExtra()
         record = self._session_doc(before, extra)
-        record.update(state="ended", ended_at=now, end_reason=reason, held=0)
+        record.update(state="ended", ended_at=now, end_reason=reason, held=0, updated_at=now)
+        self.updated.pop(session_id, None)
         self.ended.append(record)
         self.counters.sessions_ended[reason] = self.counters.sessions_ended.get(reason, 0) + 1
         self._dirty = True
@@ -415,6 +426,7 @@ class ControlPlane:
     def park(self, session_id: str, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)  # UnknownSession propagates
         self.budgeter.park(session_id, self.clock(), manual=True)
+        self.touch(session_id)
         after = self.session_doc(session_id)
         self._dirty = True
         self.persist_session(session_id)
@@ -426,6 +438,7 @@ class ControlPlane:
     def unpark(self, session_id: str, pin: bool, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)
         had_held = self.budgeter.unpark(session_id, self.clock(), pin=pin)
+        self.touch(session_id)
         if had_held:
             self._wake(session_id, "forward")
         after = self.session_doc(session_id)
@@ -525,6 +538,7 @@ class ControlPlane:
             "arrived_at": s.arrived_at,
             "last_activity": s.last_activity,
             "last_latency_s": s.last_latency_s,
+            "updated_at": self.updated.get(s.id, s.last_activity),
         }
 
     def session_doc(self, session_id: str) -> dict[str, Any]:
@@ -538,6 +552,57 @@ class ControlPlane:
         if state is not None:
             out = [r for r in out if r["state"] == state]
         return out
+
+    def sessions_page(self, *, updated_after: float | None, cursor: tuple[float, str] | None, limit: int,
+                      include_ended: bool = True, state: str | None = None) -> tuple[list[dict[str, Any]],
+                                                                                      tuple[float, str] | None]:
+        """Sessions changed after ``updated_after`` / after ``cursor``, ascending ``(updated_at, id)``;
+        -> (page, cursor of the last item when more remain, else None)."""
+        bound: tuple[float, str] | None = None
+        if updated_after is not None:
+            bound = (updated_after, "\U0010ffff" * 2)  # after every id at exactly that time
+        if cursor is not None and (bound is None or cursor > bound):
+            bound = cursor
+        keys: list[tuple[float, str, dict[str, Any] | None]] = [
+            (ts, sid, None) for sid, ts in self.updated.items() if bound is None or (ts, sid) > bound]
+        if include_ended:
+            keys.extend((r["updated_at"], r["id"], r) for r in self.ended
+                        if bound is None or (r["updated_at"], r["id"]) > bound)
+        keys.sort(key=lambda k: (k[0], k[1]))
+        page: list[dict[str, Any]] = []
+        last: tuple[float, str] | None = None
+        more = False
+        for ts, sid, record in keys:
+            if record is None:
+                if sid not in self.budgeter:
+                    continue
+                doc = self.session_doc(sid)
+            else:
+                doc = dict(record)
+            if state is not None and doc["state"] != state:
+                continue
+            if len(page) >= limit:
+                more = True
+                break
+            page.append(doc)
+            last = (ts, sid)
+        return page, (last if more else None)
+
+    def oldest_waits(self) -> tuple[float | None, float | None]:
+        """(seconds the oldest waiting session has waited, seconds the oldest parked one has been parked)."""
+        counts = self.budgeter.counts()
+        if not counts[WAITING] and not counts[PARKED]:
+            return None, None
+        now = self.clock()
+        waiting: list[float] = []
+        parked: list[float] = []
+        for s in self.budgeter.sessions():
+            if s.state == WAITING:
+                waiting.append(s.arrived_at)
+            elif s.state == PARKED and s.parked_since is not None:
+                parked.append(s.parked_since)
+        return (max(0.0, now - min(waiting)) if waiting else None,
+                max(0.0, now - min(parked)) if parked else None)
 
     def warnings(self) -> list[str]:
         out = []
@@ -568,6 +633,7 @@ class ControlPlane:
         demand = self.budgeter.demand_tokens()
         cfg = self.budgeter.config
         acting = cfg.mode in ("session-cap-park", "latency-park", "off") or pool is not None
+        oldest_waiting, oldest_parked = self.oldest_waits()
         reuse: dict[str, Any] = dict(stats.as_dict())
         reuse.update(regime=regime, window_s=self.window.window_s, regime_judged=self.regime.judged,
                      regime_enter=self.regime.config.enter, regime_exit=self.regime.config.exit,
@@ -606,6 +672,8 @@ class ControlPlane:
                 "waiting": counts[WAITING],
                 "total": sum(counts.values()),
                 "held_requests": self.held_requests,
+                "oldest_waiting_s": oldest_waiting,
+                "oldest_parked_s": oldest_parked,
             },
             "traffic": {
                 "in_flight": self.in_flight,

@@ -12,6 +12,16 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from core.budgeter import BudgeterConfig
+from core.compaction import CompactionPolicy, WarmthConfig
+from core.reuse import RegimeConfig
+
+# Policy defaults come from the core configs (one source); the simulator restates none of them.
+_BUDGETER = BudgeterConfig()
+_REGIME = RegimeConfig()
+_WARMTH = WarmthConfig()
+_COMPACTION = CompactionPolicy()
+
 
 class SimConfigError(ValueError):
     """A simulator setting is invalid or unknown; the message names the key and the value."""
@@ -105,7 +115,7 @@ class AgentWorkload:
     output_tokens: int = 150  # calibrated (SIMULATOR.md: 200): see docs/simulator-results.md
     tool_latency_mean: float = 1.5  # s, lognormal; calibrated (SIMULATOR.md: ~3 s): see docs/simulator-results.md
     tool_latency_sigma: float = 0.5  # of the underlying normal
-    output_budget: int = 1024  # what the client declares (max_tokens) to the budgeter
+    output_budget: int = _BUDGETER.default_output_budget  # what the client declares (max_tokens) to the budgeter
     flush_at_min: float = -1.0  # prefix-cache flush with preemption at this minute (< 0: none)
 
     def __post_init__(self) -> None:
@@ -156,12 +166,12 @@ class RagWorkload:
     compaction_trigger: str = "naive"  # "naive" (every N requests), "gate" (core.compaction), "none"
     compaction_every: int = 60  # requests between compaction jobs (naive: runs; gate: becomes due)
     compaction_check_s: float = 10.0  # gated job: how often it asks the gate about due subtrees
-    warmth_window_s: float = 60.0
-    warmth_floor: int = 3
-    top_k_pinned: int = 3
-    divergence_enter: float = 0.5
-    divergence_exit: float = 0.4
-    regime_min_turns: int = 20
+    warmth_window_s: float = 60.0  # the storm's scale (core.compaction.WarmthConfig: 120 s)
+    warmth_floor: int = _WARMTH.floor
+    top_k_pinned: int = _COMPACTION.top_k_pinned
+    divergence_enter: float = _REGIME.enter
+    divergence_exit: float = _REGIME.exit
+    regime_min_turns: int = _REGIME.min_turns
     reuse_window_s: float = 60.0
     cached_price: float = 0.1  # price of a cached input token relative to an uncached one
     after_compaction_s: float = 15.0  # window after a compaction over which its damage is measured
@@ -186,10 +196,10 @@ class ControlConfig:
     """The sidecar's control as the simulator runs it (core.budgeter)."""
 
     control_start_min: float = 20.0
-    low_band: float = 0.75
-    high_band: float = 0.95
-    session_cap: int = 13
-    latency_limit_s: float = 10.0
+    low_band: float = _BUDGETER.low
+    high_band: float = _BUDGETER.high
+    session_cap: int = 13  # calibrated for the agent preset (core.budgeter.BudgeterConfig: 12)
+    latency_limit_s: float = _BUDGETER.latency_limit_s
 
     def __post_init__(self) -> None:
         _check(self.control_start_min >= 0, f"control_start_min must be >= 0, got {self.control_start_min!r}")

@@ -9,6 +9,9 @@ document-set version implies the system prompt above it). Block ``i``'s key is
 then ``(label of the segment holding the block's last token, i)``, which is
 exactly as discriminating as a chained hash.
 
+``filler`` is the one generator of made-up text (load generator prompts, the
+live server's answers).
+
 Text sent to the live server becomes content through ``TextContent``: the text
 is cut into blocks of ``block_size * CHARS_PER_TOKEN`` characters and each full
 block's key is a chained BLAKE2 digest, so the same leading text always gives
@@ -18,11 +21,16 @@ the same leading keys (prefix-stable), and tokens = ceil(chars / 4).
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 CHARS_PER_TOKEN = 4
 VOCAB_SIZE = 151_936
+
+# the vocabulary of every generated text (load generator prompts, the live server's answers)
+WORDS = ("alpha", "build", "commit", "diff", "error", "fix", "grep", "hash", "index", "json", "kernel", "lint",
+         "merge", "node", "output", "patch", "query", "repo", "stack", "test", "unit", "value", "write", "yaml")
 
 Span = tuple[Hashable, int, int]  # (label, first block, end block), keys (label, i) for i in [first, end)
 
@@ -30,6 +38,21 @@ Span = tuple[Hashable, int, int]  # (label, first block, end block), keys (label
 def tokens_of_text(text: str) -> int:
     """Token count of ``text``: one token per 4 characters, rounded up (documented ratio)."""
     return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def filler(rng: random.Random, tokens: int) -> str:
+    """Exactly ``tokens`` simulator tokens of text (4 characters each): words drawn by ``rng``.
+
+    The one filler-text generator of the simulator (prompts of the load generator, answers of the live server).
+    """
+    width = max(0, tokens) * CHARS_PER_TOKEN
+    parts: list[str] = []
+    size = 0
+    while size < width:
+        w = rng.choice(WORDS) + " "
+        parts.append(w)
+        size += len(w)
+    return "".join(parts)[:width]
 
 
 def tokenize(text: str) -> list[int]:

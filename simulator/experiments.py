@@ -1,4 +1,4 @@
-"""The offline commands: ``run``, ``table3`` and ``compaction``.
+"""The offline commands ``run`` and ``table3`` (``compaction`` is in ``simulator.compaction_experiment``).
 
 Each writes JSON (the data), Markdown where there is a table, and PNG plots
 (matplotlib, Agg backend). Simulation time is measured inside each run
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from simulator.config import SimConfigError, parse_set_args
-from simulator.offline import CONTROLS, SCENARIOS, run_scenario
+from simulator.offline import CONTROLS, SCENARIOS, run_scenario, scenario
+from simulator.plots import plot_rag, plot_run, plot_table3
 
 log = logging.getLogger(__name__)
 
@@ -29,70 +30,12 @@ BAND_VARIANTS = {"budgeter-park (65/85)": {"low_band": 0.65, "high_band": 0.85},
 
 
 # ------------------------------------------------------------------ helpers
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _jobs(requested: int | None) -> int:
+def worker_count(requested: int | None) -> int:
     return max(1, requested or os.cpu_count() or 1)
 
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
-
-
-def _minutes_axis(series: dict[str, list[Any]]) -> list[float]:
-    return [t / 60.0 for t in series["t"]]
-
-
-def plot_run(result: dict[str, Any], path: Path) -> None:
-    plt = _plt()
-    s = result["series"]
-    x = _minutes_axis(s)
-    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
-    ax = axes[0]
-    ax.plot(x, [v if v is not None else float("nan") for v in s["token_weighted"]], label="token-weighted (R_t)")
-    ax.plot(x, [v if v is not None else float("nan") for v in s["request_weighted"]], label="request-weighted (R_r)",
-            alpha=0.7)
-    ax.plot(x, [v if v is not None else float("nan") for v in s["engine_hit_ratio"]], label="engine hit ratio",
-            alpha=0.7, linestyle=":")
-    ax.axhline(0.3, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_ylabel("hit rate (60 s)")
-    ax.set_ylim(0, 1.02)
-    ax.legend(loc="lower left", fontsize=8)
-    ax = axes[1]
-    ax.plot(x, s["turns_per_s"], label="turns/s (60 s)")
-    ax.set_ylabel("turns/s")
-    ax = axes[2]
-    ax.plot(x, s["sessions_in_system"], label="sessions in system")
-    ax.plot(x, s["parked"], label="parked")
-    ax.plot(x, s.get("waiting_sessions", [0] * len(x)), label="waiting for admission")
-    ax.plot(x, s["running"], label="running requests", alpha=0.6)
-    ax.set_ylabel("count")
-    ax.legend(loc="upper left", fontsize=8)
-    ax = axes[3]
-    ax.plot(x, s["kv_usage"], label="kv_cache_usage_perc (vLLM)")
-    ax.plot(x, s["kv_resident"], label="KV resident incl. cached-free (sim)")
-    pool = result["config"]["engine"]["pool_tokens"]
-    ax.plot(x, [d / pool for d in s["demand_tokens"]], label="budgeter demand / pool")
-    ax.set_ylabel("fraction of pool")
-    ax.set_xlabel("simulated minutes")
-    ax.legend(loc="upper left", fontsize=8)
-    ctl = result["config"]["control"]["control_start_min"]
-    for ax in axes:
-        ax.axvline(ctl, color="red", linewidth=0.8, alpha=0.6)
-    sm = result["summary"]
-    fig.suptitle(f"{result['scenario']} / {result['control']} / seed {result['seed']}: "
-                 f"collapsed={sm.get('collapsed')} recovered={sm.get('recovered')} "
-                 f"end hit ratio={sm.get('end_hit_ratio')}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 # ------------------------------------------------------------------ run
@@ -113,7 +56,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def one_line(result: dict[str, Any]) -> str:
     s = result["summary"]
-    if result["scenario"] == "rag-storm":
+    if scenario(result["scenario"]).model == "rag":
         return (f"{result['scenario']} seed={result['seed']} trigger={s.get('trigger')} R_t={s.get('token_weighted')} "
                 f"R_r={s.get('request_weighted')} D={s.get('divergence')} compactions={s.get('compactions')} "
                 f"R_t_after_compaction={s.get('token_weighted_after_compaction')} "
@@ -136,9 +79,7 @@ def run_command(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "run.json", result)
-    if args.scenario == "rag-storm":
-        from simulator.rag import plot_rag
-
+    if scenario(args.scenario).model == "rag":
         plot_rag(result, out / "run.png")
     else:
         plot_run(result, out / "run.png")
@@ -262,28 +203,6 @@ def table3_markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_table3(results: list[dict[str, Any]], path: Path) -> None:
-    plt = _plt()
-    rows = [*CONTROLS, *BAND_VARIANTS]
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 2.1 * len(rows)), sharex=True)
-    for ax, row in zip(axes, rows, strict=True):
-        for r in results:
-            if r["row"] != row or not r["summary"]["collapsed"]:
-                continue
-            s = r["series"]
-            ax.plot([t / 60 for t in s["t"]], [v if v is not None else float("nan") for v in s["token_weighted"]],
-                    linewidth=0.8, alpha=0.7)
-            ax.axvline(r["control_start_min"], color="red", linewidth=0.8)
-        ax.axhline(0.3, color="grey", linestyle="--", linewidth=0.8)
-        ax.set_ylim(0, 1.02)
-        ax.set_ylabel("R_t")
-        ax.set_title(f"{row}: collapsed runs, token-weighted hit rate (60 s)", fontsize=9)
-    axes[-1].set_xlabel("simulated minutes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-
-
 def table3_command(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -298,7 +217,7 @@ def table3_command(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     jobs = table3_jobs(args.runs, args.seed_base, args.minutes, overrides, args.exact, args.pairs_only)
     results: list[dict[str, Any]] = []
-    with Pool(_jobs(args.jobs)) as pool:
+    with Pool(worker_count(args.jobs)) as pool:
         for r in tqdm(pool.imap_unordered(_table3_job, jobs), total=len(jobs), desc="table3 runs", unit="run"):
             results.append(r)
     data = summarize_table3(results, args.runs, args.seed_base, args.minutes)
@@ -312,29 +231,6 @@ def table3_command(args: argparse.Namespace) -> int:
     md = table3_markdown(data)
     (out / "table3.md").write_text(md)
     if not args.pairs_only:
-        plot_table3(results, out / "table3.png")
+        plot_table3(results, [*CONTROLS, *BAND_VARIANTS], out / "table3.png")
     print(md)
     return 0
-
-
-# ------------------------------------------------------------------ compaction
-def add_compaction_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", type=int, default=4, help="seeds per trigger")
-    p.add_argument("--seed-base", type=int, default=0)
-    p.add_argument("--minutes", type=float, default=60.0)
-    p.add_argument("--jobs", type=int, default=None)
-    p.add_argument("--out", required=True, type=Path)
-    add_common(p)
-
-
-def compaction_command(args: argparse.Namespace) -> int:
-    from simulator.rag import compaction_experiment
-
-    try:
-        overrides = parse_set_args(args.set)
-    except SimConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    return compaction_experiment(args.runs, args.seed_base, args.minutes, overrides, args.exact, args.out,
-                                 _jobs(args.jobs))

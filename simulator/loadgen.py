@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import signal
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,24 +34,10 @@ from typing import Any
 
 import httpx
 
+from simulator.content import filler
+
 log = logging.getLogger("simulator.loadgen")
 logging.getLogger("httpx").setLevel(logging.WARNING)
-
-WORDS = ("alpha", "build", "commit", "diff", "error", "fix", "grep", "hash", "index", "json", "kernel", "lint",
-         "merge", "node", "output", "patch", "query", "repo", "stack", "test", "unit", "value", "write", "yaml")
-
-
-def filler(rng: random.Random, tokens: int) -> str:
-    """About ``tokens`` simulator tokens of text (4 characters each)."""
-    width = max(0, tokens) * 4
-    parts: list[str] = []
-    size = 0
-    while size < width:
-        w = rng.choice(WORDS) + " "
-        parts.append(w)
-        size += len(w)
-    return "".join(parts)[:width]
-
 
 @dataclass
 class LoadgenConfig:
@@ -378,3 +365,12 @@ async def _main(cfg: LoadgenConfig) -> None:
 def run_loadgen(cfg: LoadgenConfig) -> int:
     asyncio.run(_main(cfg))
     return 0
+
+
+def loadgen_command(args: argparse.Namespace) -> int:
+    try:
+        cfg = LoadgenConfig.from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run_loadgen(cfg)

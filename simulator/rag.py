@@ -19,12 +19,9 @@ compaction).
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from core.compaction import CompactionPolicy, SubtreeTracker, WarmthConfig, decide_compaction
@@ -32,6 +29,7 @@ from core.reuse import RegimeConfig, RegimeDetector, TimeWindow, Turn
 from simulator.config import SimConfig
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
+from simulator.loop import EventLoop
 
 
 @dataclass
@@ -93,20 +91,6 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
             break
         arrivals.append((t, "storm"))
     arrivals.sort()
-
-    events: list[tuple[float, int, int, Any]] = []
-    seq = 0
-
-    def push(when: float, kind: int, data: Any) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (when, seq, kind, data))
-
-    ARRIVE, TICK = 0, 1
-    for i, (when, kind) in enumerate(arrivals):
-        push(when, ARRIVE, (i, kind))
-    for s in range(1, n_sec + 1):
-        push(float(s), TICK, s)
 
     versions = [0] * r.doc_sets
     subtree_ids = [f"rag-docs-{d}" for d in range(r.doc_sets)]
@@ -175,33 +159,27 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
         if subtree is not None:
             tracker.record(subtree, now, req.prompt_tokens, cached)
 
-    wall0 = time.perf_counter()
+    def arrival(now: float, data: tuple[int, str]) -> None:
+        arrive(data[0], data[1], now)
+
     next_check = r.compaction_check_s
-    while events:
-        when = events[0][0]
-        finished = engine.run_until(when)
-        if finished:
-            for req in finished:
-                finish(req)
-            continue
-        when, _, kind, data = heapq.heappop(events)
-        if kind == ARRIVE:
-            arrive(data[0], data[1], when)
-            continue
-        stats = window.stats(when)
+
+    def tick(now: float, second: int) -> None:
+        nonlocal next_check
+        stats = window.stats(now)
         regime = detector.update(stats)
-        if r.compaction_trigger == "gate" and when >= next_check:
+        if r.compaction_trigger == "gate" and now >= next_check:
             next_check += r.compaction_check_s
             if due:
                 targets = [subtree_ids[d] for d in sorted(due)]
-                decisions = decide_compaction(targets, tracker.stats(when), regime=regime, urgency="normal",
-                                              now=when, deferred_until=None, policy=policy)
+                decisions = decide_compaction(targets, tracker.stats(now), regime=regime, urgency="normal",
+                                              now=now, deferred_until=None, policy=policy)
                 for dec in decisions:
                     if dec.decision == "granted":
                         d = int(dec.subtree_id.rsplit("-", 1)[1])
-                        compact(d, when)
+                        compact(d, now)
                         due.discard(d)
-        series["t"].append(int(data))
+        series["t"].append(second)
         series["token_weighted"].append(None if stats.token_weighted is None else round(stats.token_weighted, 4))
         series["request_weighted"].append(None if stats.request_weighted is None
                                           else round(stats.request_weighted, 4))
@@ -211,7 +189,12 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
         series["running"].append(len(engine.running))
         series["waiting"].append(len(engine.waiting))
         series["kv_usage"].append(round(engine.kv_usage, 4))
-    wall_s = time.perf_counter() - wall0
+
+    loop = EventLoop(engine, finish)
+    for i, (when, kind) in enumerate(arrivals):
+        loop.push(when, arrival, (i, kind))
+    loop.every_second(n_sec, tick)
+    wall_s = loop.run()
 
     price = r.cached_price
     storm_end = min(s1, horizon)
@@ -248,129 +231,3 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
                     "divergence": st["divergence"], "relative_input_cost": summary["subtree_storm"][
                         "relative_input_cost"]})
     return {"series": series, "summary": summary, "compaction_events": [[round(t, 2), d] for t, d in compactions]}
-
-
-def plot_rag(result: dict[str, Any], path: Path) -> None:
-    from simulator.experiments import _plt
-
-    plt = _plt()
-    s = result["series"]
-    x = [t / 60 for t in s["t"]]
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    ax = axes[0]
-    for key, label in (("token_weighted", "R_t"), ("request_weighted", "R_r"), ("divergence", "D")):
-        ax.plot(x, [v if v is not None else float("nan") for v in s[key]], label=label)
-    ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
-    ax.set_ylim(-0.05, 1.05)
-    ax.legend(fontsize=8)
-    ax.set_ylabel("60 s window")
-    ax = axes[1]
-    ax.plot(x, s["compactions"], label="subtree compactions (cumulative)")
-    ax.set_ylabel("count")
-    ax.set_xlabel("simulated minutes")
-    ax.legend(fontsize=8)
-    cfg = result["config"]["rag"]
-    for ax in axes:
-        ax.axvspan(cfg["storm_start_min"], cfg["storm_start_min"] + cfg["storm_minutes"], color="orange", alpha=0.15)
-    fig.suptitle(f"rag-storm / trigger {cfg['compaction_trigger']} / seed {result['seed']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------ the experiment
-def _job(job: tuple[str, int, float, dict[str, str], bool]) -> dict[str, Any]:
-    from simulator.offline import run_scenario
-
-    trigger, seed, minutes, overrides, exact = job
-    res = run_scenario("rag-storm", "off", seed, minutes, {**overrides, "compaction_trigger": trigger}, exact)
-    return {"trigger": trigger, "seed": seed, "summary": res["summary"], "series": res["series"],
-            "config": res["config"]}
-
-
-def _mean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return round(sum(vals) / len(vals), 4) if vals else None
-
-
-def compaction_experiment(runs: int, seed_base: int, minutes: float, overrides: dict[str, str], exact: bool,
-                          out: Path, jobs: int) -> int:
-    import json
-    from multiprocessing import Pool
-
-    from tqdm import tqdm
-
-    triggers = ("none", "naive", "gate")
-    work = [(t, s, minutes, overrides, exact) for s in range(seed_base, seed_base + runs) for t in triggers]
-    results: list[dict[str, Any]] = []
-    with Pool(jobs) as pool:
-        for res in tqdm(pool.imap_unordered(_job, work), total=len(work), desc="compaction runs", unit="run"):
-            results.append(res)
-    table: dict[str, Any] = {"runs": runs, "seed_base": seed_base, "minutes": minutes}
-    for trig in triggers:
-        rs = [r for r in results if r["trigger"] == trig]
-        sm = [r["summary"] for r in rs]
-        table[trig] = {
-            "compactions": [s["compactions"] for s in sm],
-            "compactions_in_storm": [s["compactions_in_storm"] for s in sm],
-            "steady_R_t": _mean([s["steady"]["token_weighted"] for s in sm]),
-            "steady_R_r": _mean([s["steady"]["request_weighted"] for s in sm]),
-            "steady_cost": _mean([s["steady"]["relative_input_cost"] for s in sm]),
-            "storm_R_t": _mean([s["storm"]["token_weighted"] for s in sm]),
-            "storm_R_r": _mean([s["storm"]["request_weighted"] for s in sm]),
-            "storm_D": _mean([s["storm"]["divergence"] for s in sm]),
-            "subtree_storm_R_t": _mean([s["subtree_storm"]["token_weighted"] for s in sm]),
-            "subtree_storm_cost": _mean([s["subtree_storm"]["relative_input_cost"] for s in sm]),
-            "subtree_after_storm_R_t": _mean([s["subtree_after_storm"]["token_weighted"] for s in sm]),
-            "R_t_after_compaction": _mean([s["token_weighted_after_compaction"] for s in sm]),
-            "wall_s": _mean([s["wall_s"] for s in sm]),
-        }
-    (out / "compaction.json").write_text(json.dumps(table, indent=1) + "\n")
-    md = compaction_markdown(table)
-    (out / "compaction.md").write_text(md)
-    plot_compaction(results, out / "compaction.png")
-    print(md)
-    return 0
-
-
-def compaction_markdown(t: dict[str, Any]) -> str:
-    def f(v: Any) -> str:
-        return "—" if v is None else f"{v:.2f}"
-
-    lines = [f"`rag-storm`, {t['runs']} seeds from {t['seed_base']}, {t['minutes']:g} simulated minutes "
-             "(means over seeds). Steady = before the storm; storm columns cover the storm window; "
-             "subtree = document-set traffic, the traffic compaction rewrites.", "",
-             "| trigger | compactions (storm) | steady R_t / R_r | storm R_t / R_r / D | subtree R_t in storm | "
-             "subtree R_t after each compaction | subtree relative input cost in storm |",
-             "|---|---|---|---|---|---|---|"]
-    for trig in ("none", "naive", "gate"):
-        d = t[trig]
-        comp = sum(d["compactions"]) / max(1, len(d["compactions"]))
-        comp_storm = sum(d["compactions_in_storm"]) / max(1, len(d["compactions_in_storm"]))
-        lines.append(f"| {trig} | {comp:.1f} ({comp_storm:.1f}) | {f(d['steady_R_t'])} / {f(d['steady_R_r'])} | "
-                     f"{f(d['storm_R_t'])} / {f(d['storm_R_r'])} / {f(d['storm_D'])} | {f(d['subtree_storm_R_t'])} | "
-                     f"{f(d['R_t_after_compaction'])} | {f(d['subtree_storm_cost'])} |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_compaction(results: list[dict[str, Any]], path: Path) -> None:
-    from simulator.experiments import _plt
-
-    plt = _plt()
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    for ax, trig in zip(axes, ("none", "naive", "gate"), strict=True):
-        for r in results:
-            if r["trigger"] != trig:
-                continue
-            s = r["series"]
-            ax.plot([t / 60 for t in s["t"]], [v if v is not None else float("nan") for v in s["token_weighted"]],
-                    linewidth=0.8)
-        cfg = results[0]["config"]["rag"]
-        ax.axvspan(cfg["storm_start_min"], cfg["storm_start_min"] + cfg["storm_minutes"], color="orange", alpha=0.15)
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("R_t (60 s)")
-        ax.set_title(f"trigger: {trig}", fontsize=9)
-    axes[-1].set_xlabel("simulated minutes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)

@@ -35,7 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from simulator.config import CostModel, EngineConfig
-from simulator.content import CHARS_PER_TOKEN, TextContent, tokens_of_text
+from simulator.content import CHARS_PER_TOKEN, TextContent, filler, tokens_of_text
 from simulator.engine import ABORTED, FINISHED, Engine, RequestTooLong
 from simulator.engine import Request as EngineRequest
 from simulator.metrics import engine_registry
@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "sim/agent-8b"
 MAX_MODEL_LEN = 131_072
-WORDS = ("the", "cache", "block", "prefix", "token", "agent", "tool", "result", "session", "model", "turn",
-         "step", "plan", "check", "file", "query", "answer", "next", "value", "data", "run", "call")
 
 
 def render_chat(messages: list[dict[str, Any]]) -> str:
@@ -62,15 +60,7 @@ def render_chat(messages: list[dict[str, Any]]) -> str:
 
 def answer_text(n_tokens: int, seed: bytes) -> str:
     """Deterministic filler of exactly ``n_tokens * 4`` characters."""
-    rng = random.Random(seed)
-    width = n_tokens * CHARS_PER_TOKEN
-    out: list[str] = []
-    size = 0
-    while size < width:
-        w = rng.choice(WORDS) + " "
-        out.append(w)
-        size += len(w)
-    return "".join(out)[:width]
+    return filler(random.Random(seed), n_tokens)
 
 
 def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:

@@ -216,7 +216,7 @@ class FakeSidecar(_Server):
             "ts": time.time(), "started_at": self.started_at, "engine": self.engine_url,
             "reuse": {"token_weighted": rt, "request_weighted": rt + self.divergence, "divergence": self.divergence,
                       "regime": "thin-reuse" if self.divergence >= 0.5 else "normal", "window_s": 60.0,
-                      "low_cached_fraction": 0.25},
+                      "low_cached_fraction": 0.25, "known_turns": 50},
             "budgeter": {"mode": "budgeter-park", "low": 0.75, "high": 0.95, "pool_tokens": 400000,
                          "demand_tokens": 200000, "demand_fraction": 0.5},
             "backlog": {"admitted": 5, "parked": 1, "waiting": 2, "total": 8},

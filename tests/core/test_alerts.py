@@ -65,7 +65,8 @@ def run_evaluator(points, settings=None, role="sidecar"):
 
 def test_thin_reuse_fires_after_duration_and_resolves_with_hysteresis():
     d = [0.1] * 10 + [0.6] * 40 + [0.45] * 60 + [0.3] * 40
-    points = [(float(t), {sig.DIVERGENCE: v, sig.TOKEN_WEIGHTED: 0.2, sig.REQUEST_WEIGHTED: 0.2 + v})
+    points = [(float(t), {sig.DIVERGENCE: v, sig.TOKEN_WEIGHTED: 0.2, sig.REQUEST_WEIGHTED: 0.2 + v,
+                          sig.KNOWN_TURNS: 50})
               for t, v in enumerate(d)]
     transitions = [x for x in run_evaluator(points) if x.rule == "thin-reuse"]
     assert [(x.event, x.ts) for x in transitions] == [("firing", 40.0), ("resolved", 140.0)]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from core.budgeter import BudgeterConfig
 from dashboard import preview as pv
 from dashboard.auth import passphrase_matches, validate_name
-from dashboard.queries import EngineRef, TargetHealth, combine_ranks
+from dashboard.frames import EngineRef, TargetHealth, combine_ranks
 from dashboard.settings import Settings, SettingsError
 from dashboard.status import engine_status
 from dashboard.ui import escape_md
