@@ -226,11 +226,10 @@ class Collector:
     # ------------------------------------------------------------------ writer
 
     def process(self, outcomes: list[ScrapeOutcome]) -> None:
-        """Store outcomes, then run the alert rules on the targets they came from."""
+        """Run the alert rules on the targets the outcomes came from, then store the outcomes (with the
+        collapse-risk score and its inputs' contributions judged at each scrape) and the transitions."""
         if not outcomes:
             return
-        self.store.write(outcomes)
-        self.scrapes_done += len(outcomes)
         transitions = []
         for o in outcomes:
             if o.url not in self.scrapers:
@@ -252,6 +251,11 @@ class Collector:
                     self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
                                                       divergence=divergence)
             transitions.extend(self._evaluate(o.url, o.ts))
+            if o.ok:
+                for (_url, label), assessment in self.evaluator.risk_of(o.url, since=o.ts).items():
+                    o.samples.extend((label, name, value) for name, value in assessment.signals().items())
+        self.store.write(outcomes)
+        self.scrapes_done += len(outcomes)
         self.store.apply_transitions(transitions, self.config)
 
     def _evaluate(self, url: str, now: float) -> list[Any]:

@@ -1,4 +1,4 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction}``; ``--help`` on each."""
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,warning-eval}``; ``--help`` on each."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
      "simulator.experiments", "add_table3_arguments", "table3_command"),
     ("compaction", "rag-storm: request-count compaction trigger vs the compaction gate",
      "simulator.compaction_experiment", "add_compaction_arguments", "compaction_command"),
+    ("warning-eval", "lead time and false alarms of the collapse-risk warning across the tipping point",
+     "simulator.warning_eval", "add_arguments", "command"),
 ]
 
 
