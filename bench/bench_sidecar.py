@@ -5,7 +5,7 @@ Run from the repository root:
     .venv/bin/python bench/bench_sidecar.py            # 5 runs (medians reported)
     .venv/bin/python bench/bench_sidecar.py --runs 3 --duration 3 --parked 500   # quicker
 
-Processes (all on 127.0.0.1): the minimal stub engine (``python -m sidecar.stub_engine``, a raw asyncio
+Processes (all on 127.0.0.1): the minimal stub engine (``python -m tests.stubs.stub_engine``, a raw asyncio
 HTTP server), the sidecar (``python -m sidecar``, one uvicorn worker) and this load generator (raw
 asyncio keep-alive HTTP/1.1 connections, so the client costs as little CPU as possible on a shared
 2-core machine). Each run measures the same requests direct to the engine and through the sidecar,
@@ -309,7 +309,7 @@ def main() -> None:
 
     engine_port, sidecar_port = free_port(), free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
-    engine_cmd = [PYTHON, "-m", "sidecar.stub_engine", "--port", str(engine_port)]
+    engine_cmd = [PYTHON, "-m", "tests.stubs.stub_engine", "--port", str(engine_port)]
     sidecar_cmd = [PYTHON, "-m", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}", "--port",
                    str(sidecar_port), "--state-db", str(tmp / "sidecar.db"), "--pool-tokens", "100000000",
                    "--log-level", "warning", "--engine-transport", args.engine_transport]

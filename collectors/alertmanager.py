@@ -212,16 +212,16 @@ class AlertmanagerSender:
             for alert_id, last in list(sent.items()):
                 if alert_id in firing:
                     continue
-                alert = snap.closed.get(alert_id) or snap.open_rows.get(alert_id)  # resolved, or muted now
-                if alert is None or alert.get("target_id") not in snap.targets:
+                ending = snap.closed.get(alert_id) or snap.open_rows.get(alert_id)  # resolved, or muted now
+                if ending is None or ending.get("target_id") not in snap.targets:
                     del sent[alert_id]  # gone from the database (target removed): nothing left to end
                     continue
-                ended = last.resolved_ts or (float(alert["resolved_ts"]) if alert.get("resolved_ts") else now)
+                ended = last.resolved_ts or (float(ending["resolved_ts"]) if ending.get("resolved_ts") else now)
                 if last.resolved_ts is not None and now - last.resolved_ts >= RESOLVED_RESEND_S:
                     del sent[alert_id]
                     continue
                 if last.resolved_ts is None or now - last.last_ts >= am.resend_s:
-                    batch.append(alert_payload(alert, snap.targets[alert["target_id"]], by_url,
+                    batch.append(alert_payload(ending, snap.targets[ending["target_id"]], by_url,
                                                dashboard_url=dashboard_url, ends_ts=ended))
                     sent[alert_id] = _Sent(now, ended)
             if not batch or self._post(am, batch):

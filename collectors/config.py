@@ -16,6 +16,12 @@ Format (all sections optional; see docs/collectors.md)::
     labels = { cluster = "eu-1", model = "llama-3.1-8b" }
     interval_s = 1.0
 
+    [[engines]]                    # engines read from a Prometheus query API (collectors.prom_source)
+    url = "http://prometheus:9090"
+    kind = "prometheus"
+    matchers = 'job="vllm"'
+    auth_header = "Bearer ..."     # optional
+
     [[sidecars]]
     url = "http://10.0.0.5:8100"
     engine = "http://10.0.0.5:8000"  # the engine it fronts
@@ -57,7 +63,7 @@ from collectors.alertmanager import (
 )
 from core.alerts import AlertSettings
 
-ENGINE_KINDS = ("vllm", "sglang", "auto")
+ENGINE_KINDS = ("vllm", "sglang", "auto", "prometheus")
 WEBHOOK_FORMATS = ("json", "alertmanager")
 
 
@@ -76,6 +82,15 @@ def normalise_url(url: str, *, where: str = "target") -> str:
     return url
 
 
+def check_matchers(matchers: str, where: str) -> str:
+    """Prometheus label matchers (``job="vllm", cluster=~"eu-.*"``), lightly checked: Prometheus
+    validates them fully at query time."""
+    text = matchers.strip().strip("{}").strip()
+    if text and ("=" not in text or any(c in text for c in "\n{}")):
+        raise ConfigError(f"{where}: matchers must look like 'job=\"vllm\", cluster=~\"eu-.*\"', got {matchers!r}")
+    return text
+
+
 def _positive(value: Any, name: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{where}: {name} must be a positive number, got {value!r}")
@@ -89,10 +104,17 @@ class EngineTarget:
     name: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     interval_s: float | None = None
+    # kind = "prometheus" only (collectors.prom_source): label matchers and an Authorization header.
+    matchers: str = ""
+    auth_header: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
             raise ConfigError(f"engine {self.url}: kind must be one of {ENGINE_KINDS}, got {self.kind!r}")
+        if self.kind != "prometheus" and (self.matchers or self.auth_header):
+            raise ConfigError(f"engine {self.url}: matchers and auth_header apply to kind = \"prometheus\" only")
+        if self.kind == "prometheus":
+            check_matchers(self.matchers, f"engine {self.url}")
 
 
 @dataclass(frozen=True)
@@ -186,10 +208,11 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfi
     engines = []
     for i, entry in enumerate(_table_list(data, "engines", path)):
         where = f"{path} engines[{i}]"
-        _check_keys(entry, {"url", "kind", "name", "labels", "interval_s"}, where)
+        _check_keys(entry, {"url", "kind", "name", "labels", "interval_s", "matchers", "auth_header"}, where)
         engines.append(EngineTarget(
             url=normalise_url(str(entry.get("url", "")), where=where), kind=str(entry.get("kind", "auto")),
             name=entry.get("name"), labels=_labels(entry.get("labels"), where),
+            matchers=str(entry.get("matchers", "")), auth_header=entry.get("auth_header"),
             interval_s=_positive(entry["interval_s"], "interval_s", where) if "interval_s" in entry else None))
     sidecars = []
     for i, entry in enumerate(_table_list(data, "sidecars", path)):

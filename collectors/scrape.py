@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
+from collectors import checks as check
 from collectors import sidecar_docs as docs
 from collectors.config import EngineTarget, SidecarTarget
 from core import engine_metrics as em
@@ -48,8 +50,24 @@ class ScrapeOutcome:
     state: dict[str, Any] | None = None
     sessions: list[dict[str, Any]] | None = None
     subtrees: list[dict[str, Any]] | None = None
+    sessions_full: bool = True  # False: `sessions` holds only the sessions changed since the last read
+    sessions_mark: float | None = None  # the newest `updated_at` read (the sessions cursor once committed)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] = field(default_factory=list)
+    decision_epoch: int = 0  # which of the sidecar's logs (a wiped state db starts a new one)
+    audit_epoch: int = 0
+    retried: bool = False  # written again after a failed write
+
+
+@dataclass(frozen=True)
+class LogCursor:
+    """Where reading one of a sidecar's logs resumes: the newest stored entry (id, ts and its
+    action or decision, to recognise it again) in the newest log epoch."""
+
+    epoch: int = 0
+    after_id: int = 0
+    ts: float | None = None
+    key: str | None = None
 
 
 def _describe(exc: Exception, url: str, timeout_s: float) -> str:
@@ -121,6 +139,7 @@ class EngineScraper:
         self.prev_ts: float | None = None
         self.prev_start: float | None = None
         self.kind: str | None = None
+        self.checker = check.Checker(self.url)
 
     @property
     def max_gap_s(self) -> float:
@@ -156,6 +175,10 @@ class EngineScraper:
             return ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc))
         return self._outcome(page, ts, started)
 
+    def ingest_page(self, page: em.ParsedPage, ts: float) -> ScrapeOutcome:
+        """An engine page read elsewhere (the Prometheus source, `collectors.prom_source`)."""
+        return self._outcome(page, ts, time.perf_counter())
+
     def _outcome(self, page: em.ParsedPage, ts: float, started: float) -> ScrapeOutcome:
         self.kind = page.kind
         restarted = (page.process_start_ts is not None and self.prev_start is not None
@@ -171,6 +194,7 @@ class EngineScraper:
         self.prev_ts = ts
         if page.process_start_ts is not None:
             self.prev_start = page.process_start_ts
+        samples = self.checker.samples(samples)
         duration = time.perf_counter() - started
         samples.append(("", sig.UP, 1.0))
         samples.append(("", sig.SCRAPE_DURATION_S, duration))
@@ -180,23 +204,43 @@ class EngineScraper:
 
 
 class SidecarScraper:
-    """Scrapes one sidecar: /state every time, /sessions and /subtrees, and new decisions and audit entries."""
+    """Scrapes one sidecar: /state, changed sessions, /subtrees, and new decisions and audit entries.
+
+    Cursors (the decision and audit logs' last ids, the sessions' last ``updated_at``) advance
+    only in `commit`, called once the writer has stored an outcome: a failed write is read again.
+    Each log read starts one entry early, at the newest stored one; when that entry is missing or
+    different, the sidecar's log was reset (its state db wiped): reading starts again at id 0 in
+    a new epoch, so its new entries are stored and not mistaken for ones already seen.
+    """
 
     role = "sidecar"
+    PAGE = 1000
+    MAX_PAGES = 50  # per scrape; a longer backlog is read on the following scrapes
+    FULL_EVERY_S = 300.0  # a full session listing this often marks sessions the sidecar forgot
 
     def __init__(self, target: SidecarTarget, *, interval_s: float, timeout_s: float, max_page_bytes: int,
-                 decision_cursor: int = 0, audit_cursor: int = 0, clock: Callable[[], float] = time.time) -> None:
+                 cursors: dict[str, LogCursor] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.target = target
         self.url = target.url
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.max_page_bytes = max_page_bytes
         self.clock = clock
-        self.decision_cursor = decision_cursor
-        self.audit_cursor = audit_cursor
+        self.cursors: dict[str, LogCursor] = {"decisions": LogCursor(), "audit": LogCursor(), **(cursors or {})}
+        self.sessions_mark: float | None = None  # committed; None: the next read is a full listing
+        self.last_full_ts: float | None = None
         self.prev_turns: float | None = None
         self.prev_ts: float | None = None
         self.prev_started: float | None = None
+        self.checker = check.Checker(self.url)
+
+    @property
+    def decision_cursor(self) -> int:
+        return self.cursors["decisions"].after_id
+
+    @property
+    def audit_cursor(self) -> int:
+        return self.cursors["audit"].after_id
 
     def _headers(self) -> dict[str, str] | None:
         token = self.target.viewer_token
@@ -206,25 +250,96 @@ class SidecarScraper:
         return fetch_json(client, self.url + path, timeout_s=self.timeout_s, max_bytes=self.max_page_bytes,
                           headers=self._headers())
 
+    def _read_log(self, client: httpx.Client, name: str, path: str,
+                  parse: Callable[[Mapping[str, Any]], dict[str, Any] | None],
+                  key: str) -> tuple[int, list[dict[str, Any]]]:
+        """(epoch, entries after the committed cursor) of one incremental log."""
+        cur = self.cursors[name]
+
+        def read(after: int) -> list[dict[str, Any]]:
+            docs_ = docs.require_list(self._get(client, f"{path}?after_id={after}"), f"{self.url}{path}")
+            return [r for r in (self.checker.row(parse(d), path) for d in docs_) if r]
+
+        if cur.after_id <= 0:
+            return cur.epoch, [r for r in read(0) if r["remote_id"] > 0]
+        rows = read(cur.after_id - 1)
+        anchor = rows[0] if rows else None
+        same = anchor is not None and anchor["remote_id"] == cur.after_id and anchor.get(key) == cur.key and (
+            cur.ts is None or anchor["ts"] is None or abs(anchor["ts"] - cur.ts) < 1e-3)
+        if same:
+            return cur.epoch, [r for r in rows if r["remote_id"] > cur.after_id]
+        self.checker.warn_once(f"{name}-reset:{cur.epoch}",
+                               f"{self.url}{path}: entry {cur.after_id}, the last one stored, is "
+                               f"{'gone' if anchor is None or anchor['remote_id'] != cur.after_id else 'different'}: "
+                               "the sidecar's log restarted (state db wiped?); reading its new entries from id 1")
+        return cur.epoch + 1, [r for r in read(0) if r["remote_id"] > 0]
+
+    def _read_sessions(self, client: httpx.Client, ts: float) -> tuple[list[dict[str, Any]], bool, float | None]:
+        """(session rows, whether they are the full list, newest updated_at seen)."""
+        mark = self.sessions_mark
+        full = mark is None or self.last_full_ts is None or ts - self.last_full_ts >= self.FULL_EVERY_S
+        query = f"limit={self.PAGE}" if full else f"updated_after={mark - 0.001!r}&limit={self.PAGE}"
+        rows: list[dict[str, Any]] = []
+        newest = mark
+        for _ in range(self.MAX_PAGES):
+            doc = self._get(client, f"/sessions?{query}")
+            if isinstance(doc, list):  # a sidecar without pages: the whole list
+                items, cursor = docs.require_list(doc, f"{self.url}/sessions"), None
+                full = True
+            else:
+                page = docs.require_object(doc, f"{self.url}/sessions")
+                items = docs.require_list(page.get("sessions"), f"{self.url}/sessions: sessions")
+                cursor = page.get("next")
+            for d in items:
+                row = self.checker.row(docs.session_row(d), "/sessions")
+                if row is None:
+                    continue
+                rows.append(row)
+                updated = docs.num(d.get("updated_at"))
+                if updated is not None and (newest is None or updated > newest):
+                    newest = updated
+            if not isinstance(cursor, str) or not cursor:
+                return rows, full, newest
+            query = f"cursor={quote(cursor)}&limit={self.PAGE}"
+        return rows, False, newest  # more than MAX_PAGES pages changed: the rest on the next scrape
+
     def scrape(self, client: httpx.Client) -> ScrapeOutcome:
         started = time.perf_counter()
         ts = self.clock()
         try:
             state = dict(docs.require_object(self._get(client, "/state"), f"{self.url}/state"))
-            sessions = [r for r in (docs.session_row(d) for d in
-                                    docs.require_list(self._get(client, "/sessions"), f"{self.url}/sessions")) if r]
-            subtrees = [r for r in (docs.subtree_row(d) for d in
+            started_at = docs.started_at(state)
+            if started_at is not None and self.prev_started is not None and started_at != self.prev_started:
+                self.sessions_mark = None  # a restarted sidecar: list everything again
+            sessions, full, mark = self._read_sessions(client, ts)
+            subtrees = [r for r in (self.checker.row(docs.subtree_row(d), "/subtrees") for d in
                                     docs.require_list(self._get(client, "/subtrees"), f"{self.url}/subtrees")) if r]
-            decisions = [r for r in (docs.decision_row(d) for d in docs.require_list(
-                self._get(client, f"/compaction/decisions?after_id={self.decision_cursor}"),
-                f"{self.url}/compaction/decisions")) if r and r["remote_id"] > self.decision_cursor]
-            audit = [r for r in (docs.audit_row(d) for d in docs.require_list(
-                self._get(client, f"/audit?after_id={self.audit_cursor}"), f"{self.url}/audit"))
-                if r and r["remote_id"] > self.audit_cursor]
+            decision_epoch, decisions = self._read_log(client, "decisions", "/compaction/decisions",
+                                                       docs.decision_row, "decision")
+            audit_epoch, audit = self._read_log(client, "audit", "/audit", docs.audit_row, "action")
         except (ScrapeError, docs.SidecarPayloadError) as exc:
             return ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc),
                                  kind="sidecar")
-        return self.outcome(state, sessions, subtrees, decisions, audit, ts, started)
+        outcome = self.outcome(state, sessions, subtrees, decisions, audit, ts, started)
+        outcome.sessions_full, outcome.sessions_mark = full, mark
+        outcome.decision_epoch, outcome.audit_epoch = decision_epoch, audit_epoch
+        return outcome
+
+    def commit(self, outcome: ScrapeOutcome) -> None:
+        """The writer stored `outcome`: reading resumes after what it held."""
+        for name, rows, epoch, key in (("decisions", outcome.decisions, outcome.decision_epoch, "decision"),
+                                       ("audit", outcome.audit, outcome.audit_epoch, "action")):
+            cur = self.cursors[name]
+            if not rows or (epoch, max(r["remote_id"] for r in rows)) <= (cur.epoch, cur.after_id):
+                continue
+            last = max(rows, key=lambda r: r["remote_id"])
+            self.cursors[name] = LogCursor(epoch, last["remote_id"], last["ts"], last.get(key))
+        if outcome.sessions is not None:
+            if outcome.sessions_full:
+                self.last_full_ts = outcome.ts
+            if outcome.sessions_mark is not None and (self.sessions_mark is None
+                                                      or outcome.sessions_mark > self.sessions_mark):
+                self.sessions_mark = outcome.sessions_mark
 
     def outcome(self, state: dict[str, Any], sessions: list[dict[str, Any]], subtrees: list[dict[str, Any]],
                 decisions: list[dict[str, Any]], audit: list[dict[str, Any]], ts: float,
@@ -238,13 +353,10 @@ class SidecarScraper:
                                   prev_start=self.prev_started, cur_start=started_at)
         if rate is not None and not restarted:
             values[sig.TURNS_PER_S] = rate
+        values = self.checker.signals(values)
         self.prev_turns, self.prev_ts = turns, ts
         if started_at is not None:
             self.prev_started = started_at
-        if decisions:
-            self.decision_cursor = max(d["remote_id"] for d in decisions)
-        if audit:
-            self.audit_cursor = max(a["remote_id"] for a in audit)
         duration = time.perf_counter() - started
         samples = [("", name, value) for name, value in values.items()]
         samples.append(("", sig.UP, 1.0))

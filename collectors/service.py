@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import random
 import signal
@@ -21,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor as FuturesPool
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -33,19 +35,22 @@ from sqlalchemy import Engine
 from collectors import notify
 from collectors.alertmanager import AlertmanagerSender
 from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
-from collectors.store import Store
+from collectors.store import Store, WriteResult, describe_failure
 from core.alerts import AlertEvaluator, TargetHealth
 
 log = logging.getLogger(__name__)
 
-Scraper = EngineScraper | SidecarScraper
+Scraper = EngineScraper | SidecarScraper | PromSource
 MAINTENANCE_EVERY_S = 60.0
 FAST_WORKERS = 32
 SLOW_WORKERS = 512
 SLOW_FRACTION = 0.5  # a scrape taking over half its interval (or timing out) marks the target slow
 FAST_AGAIN_AFTER = 10  # consecutive quick scrapes before a slow target goes back to the shared pool
 REPEAT_ERROR_LOG_S = 60.0
+RETRY_FOR_S = 600.0  # samples of a failed write are retried this long (a locked or full database)
+RETRY_MAX = 20_000  # outcomes kept for retry at most (the newest)
 
 
 class Collector:
@@ -75,6 +80,11 @@ class Collector:
         self._slow: set[str] = set()
         self._quick_streak: dict[str, int] = {}
         self.scrapes_done = 0
+        self.write_failures = 0
+        self._retry: list[ScrapeOutcome] = []
+        self._pending_transitions: list[Any] = []
+        self._evaluated_ts: dict[str, float] = {}
+        self._last_write_error: tuple[str, float] | None = None
         self.config = config
         self.apply_config(config)
 
@@ -86,6 +96,7 @@ class Collector:
             self.evaluator.update_settings(config.alerts)
         self.config = config
         self.store.sync_targets(config)
+        register_engines(self.store, self.prom_engines(), now=self.clock())  # sync_targets unlisted them
         wanted: dict[str, Any] = {e.url: e for e in config.engines}
         wanted.update({s.url: s for s in config.sidecars})
         for url in list(self.scrapers):
@@ -94,16 +105,19 @@ class Collector:
                 del self.scrapers[url]
                 self.evaluator.forget_target(url)
         for e in config.engines:
-            if e.url not in self.scrapers:
+            if e.url not in self.scrapers and e.kind == "prometheus":
+                self.scrapers[e.url] = PromSource(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
+                                                  clock=self.clock)
+                self._add_job(e.url)
+            elif e.url not in self.scrapers:
                 self.scrapers[e.url] = EngineScraper(e, interval_s=config.interval_for(e), timeout_s=config.timeout_s,
                                                      max_page_bytes=config.max_page_bytes, clock=self.clock)
                 self._add_job(e.url)
         for s in config.sidecars:
             if s.url not in self.scrapers:
-                decisions, audit = self.store.cursors(s.url)
                 self.scrapers[s.url] = SidecarScraper(s, interval_s=config.interval_for(s), timeout_s=config.timeout_s,
-                                                      max_page_bytes=config.max_page_bytes, decision_cursor=decisions,
-                                                      audit_cursor=audit, clock=self.clock)
+                                                      max_page_bytes=config.max_page_bytes,
+                                                      cursors=self.store.cursors(s.url), clock=self.clock)
                 self._add_job(s.url)
         health = self.store.target_health()
         for url in self.scrapers:
@@ -179,9 +193,11 @@ class Collector:
             return
         if self._stop.is_set():
             return  # shutting down: the client was closed under this scrape, its failure is not data
-        self._place(url, scraper, outcome)
-        self._log_outcome(outcome)
-        self.queue.put(outcome)
+        outcomes = outcome if isinstance(outcome, list) else [outcome]
+        self._place(url, scraper, outcomes[0])
+        for o in outcomes:
+            self._log_outcome(o)
+            self.queue.put(o)
 
     def _place(self, url: str, scraper: Scraper, outcome: ScrapeOutcome) -> None:
         """Move a target's job between the shared pool and the slow pool."""
@@ -225,6 +241,7 @@ class Collector:
 
     # ------------------------------------------------------------------ writer
 
+<<<<<<< HEAD
     def process(self, outcomes: list[ScrapeOutcome]) -> None:
         """Run the alert rules on the targets the outcomes came from, then store the outcomes (with the
         collapse-risk score and its inputs' contributions judged at each scrape) and the transitions."""
@@ -233,33 +250,103 @@ class Collector:
         transitions = []
         for o in outcomes:
             if o.url not in self.scrapers:
+=======
+    def process(self, outcomes: list[ScrapeOutcome]) -> WriteResult:
+        """Store outcomes (with those a failed write left for retry), then run the alert rules on
+        the targets they came from. A failed write is logged in one line and retried with the
+        next batch; a sidecar's entries are simply read again (its cursors did not advance)."""
+        batch = self._retry + list(outcomes)
+        self._retry = []
+        if not batch:
+            return WriteResult()
+        prom = self.prom_engines()
+        fresh = {o.url: prom[o.url] for o in batch if o.url in prom and o.url not in self.store.target_ids}
+        if fresh:
+            try:
+                register_engines(self.store, fresh, now=self.clock())
+            except Exception as exc:  # noqa: BLE001 - locked or full: registered with a later batch
+                log.error("registering %d engine(s) read through Prometheus failed: %s", len(fresh),
+                          describe_failure(exc))
+        result = self.store.write(batch)
+        if result.failed:
+            self._keep_for_retry(result)
+        self.scrapes_done += len(outcomes)
+        transitions = self._pending_transitions
+        self._pending_transitions = []
+        for o in result.committed:
+            scraper = self.scrapers.get(o.url)
+            if scraper is None and o.url not in prom:
+>>>>>>> main
                 continue
-            self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
-            if o.ok:
-                self.engine_labels[o.url] = o.engine_labels
-                by_label: dict[str, dict[str, float | None]] = {}
-                for label, name, value in o.samples:
-                    by_label.setdefault(label, {})[name] = value
-                for label, values in by_label.items():
-                    self.evaluator.observe((o.url, label), o.ts, values)
-                for d in o.decisions:
-                    regime = (d.get("data") or {}).get("regime")
-                    divergence = d.get("divergence")
-                    if divergence is None and regime is not None:
-                        divergence = 1.0 if regime == "thin-reuse" else 0.0
-                    # The collector's clock (when the grant was seen), not the sidecar's, times the hold.
-                    self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
-                                                      divergence=divergence)
+            if isinstance(scraper, SidecarScraper) and o.ok:
+                scraper.commit(o)
+            if o.ts <= self._evaluated_ts.get(o.url, -math.inf):
+                continue  # a retried outcome older than what the rules have seen
+            self._evaluated_ts[o.url] = o.ts
+            self._observe(o)
             transitions.extend(self._evaluate(o.url, o.ts))
+<<<<<<< HEAD
             if o.ok:
                 for (_url, label), assessment in self.evaluator.risk_of(o.url, since=o.ts).items():
                     o.samples.extend((label, name, value) for name, value in assessment.signals().items())
         self.store.write(outcomes)
         self.scrapes_done += len(outcomes)
         self.store.apply_transitions(transitions, self.config)
+=======
+        self._apply(transitions)
+        return result
+
+    def _keep_for_retry(self, result: WriteResult) -> None:
+        now = self.clock()
+        # Sidecar documents are read again from the uncommitted cursors; keep the samples only.
+        kept = [replace(o, retried=True, state=None, sessions=None, subtrees=None, decisions=[], audit=[])
+                for o in result.failed if now - o.ts <= RETRY_FOR_S]
+        self._retry = kept[-RETRY_MAX:]
+        self.write_failures += 1
+        cause = "; ".join(dict.fromkeys(result.causes))
+        last = self._last_write_error
+        if last is None or last[0] != cause or now - last[1] >= REPEAT_ERROR_LOG_S:
+            log.error("writing %d scrape outcome(s) failed (%s); %d kept to retry, sidecar entries will be "
+                      "read again", len(result.failed), cause, len(self._retry))
+            self._last_write_error = (cause, now)
+
+    def _apply(self, transitions: list[Any]) -> None:
+        try:
+            self.store.apply_transitions(transitions, self.config)
+        except Exception as exc:  # noqa: BLE001 - locked or full: keep them for the next batch
+            self._pending_transitions = transitions + self._pending_transitions
+            log.error("recording %d alert transition(s) failed (%s); retrying with the next batch",
+                      len(transitions), describe_failure(exc))
+
+    def _observe(self, o: ScrapeOutcome) -> None:
+        self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
+        if not o.ok:
+            return
+        self.engine_labels[o.url] = o.engine_labels
+        by_label: dict[str, dict[str, float | None]] = {}
+        for label, name, value in o.samples:
+            by_label.setdefault(label, {})[name] = value
+        for label, values in by_label.items():
+            self.evaluator.observe((o.url, label), o.ts, values)
+        for d in o.decisions:
+            regime = (d.get("data") or {}).get("regime")
+            divergence = d.get("divergence")
+            if divergence is None and regime is not None:
+                divergence = 1.0 if regime == "thin-reuse" else 0.0
+            # The collector's clock (when the grant was seen), not the sidecar's, times the hold.
+            self.evaluator.observe_compaction((o.url, ""), o.ts, granted=bool(d.get("granted")),
+                                              divergence=divergence)
+
+    def prom_engines(self) -> dict[str, Any]:
+        """Engines read through `kind = "prometheus"` targets, by URL."""
+        return {e.url: e for s in self.scrapers.values() if isinstance(s, PromSource) for e in s.engines.values()}
+>>>>>>> main
 
     def _evaluate(self, url: str, now: float) -> list[Any]:
-        scraper = self.scrapers[url]
+        scraper = self.scrapers.get(url)
+        if scraper is None:  # an engine read through a Prometheus source
+            return self.evaluator.evaluate_target(url, now, role="engine", engine_labels=self.engine_labels.get(url)
+                                                  or ("",), fronted_by_sidecar=url in self.fronted)
         labels = self.engine_labels.get(url) or ("",)
         return self.evaluator.evaluate_target(url, now, role=scraper.role, engine_labels=labels,
                                               fronted_by_sidecar=url in self.fronted)
@@ -268,14 +355,15 @@ class Collector:
         """Evaluate every target now (stale-data needs a clock tick, not a scrape)."""
         now = self.clock()
         transitions = []
-        for url in list(self.scrapers):
+        for url in [*self.scrapers, *self.prom_engines()]:
             transitions.extend(self._evaluate(url, now))
-        self.store.apply_transitions(transitions, self.config)
+        self._apply(transitions)
 
     def heartbeat(self) -> None:
         up = sum(1 for h in self.evaluator.health.values() if h.last_attempt_ok)
         self.store.heartbeat(targets=len(self.scrapers), targets_up=up, config_path=self.config_path,
                              info={"scrapes": self.scrapes_done, "skipped_runs": self.skipped_runs,
+                                   "write_failures": self.write_failures, "retry": len(self._retry),
                                    "queue": self.queue.qsize()})
 
     def maintenance(self) -> None:
@@ -307,13 +395,13 @@ class Collector:
                     break
             try:
                 self.process(batch)
-            except Exception:
-                log.exception("writing %d scrape outcome(s) failed; they are dropped", len(batch))
+            except Exception as exc:  # a bug: the write path itself reports database failures
+                log.error("processing %d scrape outcome(s) failed: %s", len(batch), describe_failure(exc))
             for op in ops:
                 try:
                     op()
-                except Exception:
-                    log.exception("writer task failed")
+                except Exception as exc:  # noqa: BLE001
+                    log.error("writer task %s failed: %s", getattr(op, "__name__", "?"), describe_failure(exc))
 
     def start_writer(self) -> None:
         self._writer = threading.Thread(target=self._writer_loop, name="writer", daemon=True)
@@ -388,7 +476,8 @@ class Collector:
             for i in range(rounds):
                 if i:
                     time.sleep(pause)
-                outcomes = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                results = list(pool.map(lambda s: s.scrape(self.client), list(self.scrapers.values())))
+                outcomes = [o for r in results for o in (r if isinstance(r, list) else [r])]
                 for o in outcomes:
                     self._log_outcome(o)
                 self.process(outcomes)

@@ -79,6 +79,11 @@ def state_signals(state: Mapping[str, Any]) -> dict[str, float]:
         sig.ADMITTED: num(_get(state, "backlog", "admitted")),
         sig.PARKED: num(_get(state, "backlog", "parked")),
         sig.WAITING: num(_get(state, "backlog", "waiting")),
+        sig.OLDEST_PARKED_S: num(_get(state, "backlog", "oldest_parked_s")),
+        sig.TIME_TO_ADMIT_P50: num(_get(state, "backlog", "time_to_admit_s", "p50")),
+        sig.TIME_TO_ADMIT_P95: num(_get(state, "backlog", "time_to_admit_s", "p95")),
+        sig.PARK_TIME_P50: num(_get(state, "backlog", "park_time_s", "p50")),
+        sig.PARK_TIME_P95: num(_get(state, "backlog", "park_time_s", "p95")),
     }
     regime = _get(state, "reuse", "regime")
     if isinstance(regime, str):

@@ -2,6 +2,12 @@
 
 All methods run on the writer thread (or directly in tests and benchmarks). Writes are
 batched: every `write` is one transaction with one multi-row insert per table.
+
+Row-id caches (series, sessions, subtrees) are transactional: any failed transaction drops
+them all, so an id handed out inside a rolled-back transaction (which the database then
+reuses for another row) is never used again. A failed write never raises: `write` returns
+what was committed and what failed, with a one-line cause, and the caller retries or
+re-reads (sidecar cursors only advance past committed entries).
 """
 
 from __future__ import annotations
@@ -11,48 +17,60 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
-from itertools import groupby
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, delete, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 
 from collectors.config import CollectorConfig
-from collectors.scrape import ScrapeOutcome
+from collectors.rollups import Rollups, merge_rollups, rollup_rows
+from collectors.scrape import LogCursor, ScrapeOutcome
+from collectors.store_sidecar import chunks as _chunks
+from collectors.store_sidecar import write_sidecar
 from core.alerts import Transition
 from db.models import (
     Alert,
     AuditEntry,
     CollectorHeartbeat,
-    CollectorState,
     CompactionDecision,
-    Notification,
-    Rollup1m,
-    Rollup10m,
     Sample,
     Series,
-    Session,
-    SidecarState,
     Silence,
-    Subtree,
     Target,
 )
-from db.queries import RAW_RETENTION_KEY, ROLLUP10_WATERMARK_KEY, ROLLUP_WATERMARK_KEY
+
+__all__ = ["Store", "WriteResult", "describe_failure", "merge_rollups", "rollup_rows"]
 
 log = logging.getLogger(__name__)
 
-ROLLUP_LAG_S = 15.0  # minutes end this long before they are rolled up (late samples still land)
-ROLLUP_MAX_MINUTES = 120  # per call, so catching up after downtime is done in short transactions
-IN_CHUNK = 500
+
+@dataclass
+class WriteResult:
+    committed: list[ScrapeOutcome] = field(default_factory=list)
+    failed: list[ScrapeOutcome] = field(default_factory=list)
+    causes: list[str] = field(default_factory=list)  # one line each
 
 
-def _chunks(items: Sequence[Any], size: int = IN_CHUNK) -> Iterable[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
+def target_specific(exc: BaseException) -> bool:
+    """False for failures of the database as a whole (locked, full, unreachable): retrying each
+    target alone would only wait for the same lock once per target."""
+    return not isinstance(exc, OperationalError)
 
 
-class Store:
-    def __init__(self, engine: Engine, *, clock: Any = time.time, name: str = "collectors") -> None:
+def describe_failure(exc: BaseException) -> str:
+    """One line naming the cause, without the statement or its parameters."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
+        return f"{type(exc.orig).__name__}: {reason}"[:300]
+    if isinstance(exc, SQLAlchemyError):
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+class Store(Rollups):
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time, name: str = "collectors") -> None:
         self.engine = engine
         self.clock = clock
         self.name = name
@@ -104,41 +122,86 @@ class Store:
                                        Target.consecutive_failures, Target.last_error)).all()
         return {r.url: dict(r._mapping) for r in rows}
 
-    def cursors(self, url: str) -> tuple[int, int]:
-        """(highest decision id, highest audit id) already stored for a sidecar."""
+    def cursors(self, url: str) -> dict[str, LogCursor]:
+        """Where reading a sidecar's decision and audit logs resumes: the newest stored entry of each."""
         target_id = self.target_ids[url]
+        out: dict[str, LogCursor] = {}
         with self.engine.connect() as conn:
-            d = conn.execute(select(func.max(CompactionDecision.remote_id))
-                             .where(CompactionDecision.target_id == target_id)).scalar()
-            a = conn.execute(select(func.max(AuditEntry.remote_id)).where(AuditEntry.target_id == target_id)).scalar()
-        return int(d or 0), int(a or 0)
+            for log_name, model, key_column in (("decisions", CompactionDecision, CompactionDecision.decision),
+                                                ("audit", AuditEntry, AuditEntry.action)):
+                row = conn.execute(select(model.epoch, model.remote_id, model.ts, key_column)
+                                   .where(model.target_id == target_id, model.remote_id.is_not(None))
+                                   .order_by(model.epoch.desc(), model.remote_id.desc()).limit(1)).first()
+                out[log_name] = LogCursor() if row is None else LogCursor(
+                    epoch=int(row[0]), after_id=int(row[1]), ts=row[2], key=row[3])
+        return out
 
     # ------------------------------------------------------------------ scrape outcomes
+
+    def _forget(self) -> None:
+        """Drop every row-id cache: after a rollback they may name rows that no longer exist."""
+        self._series.clear()
+        self._sessions.clear()
+        self._subtrees.clear()
 
     def _series_ids(self, conn: Connection, keys: set[tuple[int, str, str]]) -> None:
         missing = [k for k in keys if k not in self._series]
         if not missing:
             return
         target_ids = sorted({k[0] for k in missing})
-        for chunk in _chunks(target_ids):
-            for row in conn.execute(select(Series.id, Series.target_id, Series.engine_label, Series.signal)
-                                    .where(Series.target_id.in_(chunk))):
-                self._series[(row.target_id, row.engine_label, row.signal)] = row.id
-        new = [k for k in missing if k not in self._series]
-        if new:
-            conn.execute(insert(Series), [{"target_id": t, "engine_label": label, "signal": s} for t, label, s in new])
+
+        def load() -> None:
             for chunk in _chunks(target_ids):
                 for row in conn.execute(select(Series.id, Series.target_id, Series.engine_label, Series.signal)
                                         .where(Series.target_id.in_(chunk))):
                     self._series[(row.target_id, row.engine_label, row.signal)] = row.id
 
-    def write(self, outcomes: Sequence[ScrapeOutcome]) -> None:
-        """Store a batch of scrape outcomes in one transaction."""
+        load()
+        new = [k for k in missing if k not in self._series]
+        if new:
+            conn.execute(insert(Series), [{"target_id": t, "engine_label": label, "signal": s} for t, label, s in new])
+            load()
+
+    def write(self, outcomes: Sequence[ScrapeOutcome]) -> WriteResult:
+        """Store a batch of scrape outcomes in one transaction.
+
+        When that fails on the data of some target (not on the database as a whole: locked, full,
+        unreachable), each target's outcomes are written again in a transaction of their own, so
+        one bad target does not cost the others their data. Never raises for a failed write: the
+        result lists what was committed and what failed, with a one-line cause.
+        """
+        result = WriteResult()
         outcomes = [o for o in outcomes if o.url in self.target_ids]
         if not outcomes:
-            return
-        with self.engine.begin() as conn:
-            self._write(conn, outcomes)
+            return result
+        try:
+            self._transaction(outcomes)
+            result.committed.extend(outcomes)
+            return result
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none may stop the writer
+            if len({o.url for o in outcomes}) == 1 or not target_specific(exc):
+                result.failed.extend(outcomes)
+                result.causes.append(describe_failure(exc))
+                return result
+        by_url: dict[str, list[ScrapeOutcome]] = {}
+        for o in outcomes:
+            by_url.setdefault(o.url, []).append(o)
+        for url, group in by_url.items():
+            try:
+                self._transaction(group)
+                result.committed.extend(group)
+            except Exception as exc:  # noqa: BLE001
+                result.failed.extend(group)
+                result.causes.append(f"{url}: {describe_failure(exc)}")
+        return result
+
+    def _transaction(self, outcomes: Sequence[ScrapeOutcome]) -> None:
+        try:
+            with self.engine.begin() as conn:
+                self._write(conn, outcomes)
+        except BaseException:
+            self._forget()
+            raise
 
     def _write(self, conn: Connection, outcomes: Sequence[ScrapeOutcome]) -> None:
         from core import signals as sig
@@ -152,85 +215,42 @@ class Store:
                 if value is None or not math.isfinite(value):
                     continue
                 sample_rows.append(((tid, label, name), o.ts, float(value)))
-            update_row: dict[str, Any] = {"b_id": tid, "p_up": o.ok, "p_ts": o.ts, "p_dur": o.duration_s}
-            target_updates.append(update_row)
+            target_updates.append({"b_id": tid, "p_up": o.ok, "p_ts": o.ts, "p_dur": o.duration_s})
         self._series_ids(conn, {k for k, _, _ in sample_rows})
         if sample_rows:
             # One series can be sampled twice at the same instant only by a clock step; keep the last.
             dedup = {(self._series[k], ts): value for k, ts, value in sample_rows}
-            conn.execute(insert(Sample), [{"series_id": sid, "ts": ts, "value": v} for (sid, ts), v in dedup.items()])
-        conn.execute(update(Target).where(Target.id == bindparam("b_id"))
+            have: set[tuple[int, float]] = set()
+            if any(o.retried for o in outcomes):  # a retried batch may have landed in part before
+                for chunk in _chunks(sorted({sid for sid, _ in dedup})):
+                    have.update((r[0], r[1]) for r in conn.execute(
+                        select(Sample.series_id, Sample.ts).where(Sample.series_id.in_(chunk),
+                                                                 Sample.ts.in_({ts for _, ts in dedup}))))
+            rows = [{"series_id": sid, "ts": ts, "value": v} for (sid, ts), v in dedup.items() if (sid, ts) not in have]
+            if rows:
+                conn.execute(insert(Sample), rows)
+        # A retried (older) outcome never overwrites what a newer one already recorded.
+        newer_or_first = (Target.id == bindparam("b_id")) & (
+            Target.last_scrape_ts.is_(None) | (Target.last_scrape_ts <= bindparam("p_ts")))
+        conn.execute(update(Target).where(newer_or_first)
                      .values(up=bindparam("p_up"), last_scrape_ts=bindparam("p_ts"),
                              scrape_duration_s=bindparam("p_dur")), target_updates)
         ok_rows = [{"b_id": self.target_ids[o.url], "p_ts": o.ts, "p_kind": o.kind or "unknown",
                     "p_pst": o.process_start_ts} for o in outcomes if o.ok]
         if ok_rows:
-            conn.execute(update(Target).where(Target.id == bindparam("b_id"))
+            conn.execute(update(Target).where(newer_or_first)
                          .values(last_success_ts=bindparam("p_ts"), kind=bindparam("p_kind"),
                                  process_start_ts=bindparam("p_pst"), consecutive_failures=0, last_error=None),
                          ok_rows)
         bad_rows = [{"b_id": self.target_ids[o.url], "p_ts": o.ts, "p_err": (o.error or "unknown error")[:2000]}
                     for o in outcomes if not o.ok]
         if bad_rows:
-            conn.execute(update(Target).where(Target.id == bindparam("b_id"))
+            conn.execute(update(Target).where(newer_or_first)
                          .values(last_error=bindparam("p_err"), last_error_ts=bindparam("p_ts"),
                                  consecutive_failures=Target.consecutive_failures + 1), bad_rows)
         for o in outcomes:
             if o.ok and o.role == "sidecar":
-                self._write_sidecar(conn, self.target_ids[o.url], o)
-
-    def _write_sidecar(self, conn: Connection, tid: int, o: ScrapeOutcome) -> None:
-        from collectors.sidecar_docs import state_meta
-
-        if o.state is not None:
-            meta = state_meta(o.state)
-            updated = conn.execute(update(SidecarState).where(SidecarState.target_id == tid)
-                                   .values(ts=o.ts, state=o.state, **meta)).rowcount
-            if not updated:
-                conn.execute(insert(SidecarState).values(target_id=tid, ts=o.ts, state=o.state, **meta))
-        if o.sessions is not None:
-            self._upsert_listing(conn, Session, "session_id", self._sessions, tid, o.sessions, o.ts)
-        if o.subtrees is not None:
-            self._upsert_listing(conn, Subtree, "subtree_id", self._subtrees, tid, o.subtrees, o.ts)
-        for model, rows in ((CompactionDecision, o.decisions), (AuditEntry, o.audit)):
-            if not rows:
-                continue
-            ids = [r["remote_id"] for r in rows]
-            have: set[int] = set()
-            for chunk in _chunks(ids):
-                have.update(conn.execute(select(model.remote_id).where(model.target_id == tid,
-                                                                       model.remote_id.in_(chunk))).scalars())
-            fresh = [dict(r, target_id=tid, ts=r["ts"] if r["ts"] is not None else o.ts)
-                     for r in rows if r["remote_id"] not in have]
-            if model is AuditEntry:
-                fresh = [dict(r, source="sidecar") for r in fresh]
-            if fresh:
-                conn.execute(insert(model), fresh)
-
-    def _upsert_listing(self, conn: Connection, model: Any, key: str, cache: dict[int, dict[str, int]], tid: int,
-                        rows: list[dict[str, Any]], ts: float) -> None:
-        known = cache.get(tid)
-        if known is None:
-            known = cache[tid] = {r[0]: r[1] for r in conn.execute(
-                select(getattr(model, key), model.id).where(model.target_id == tid))}
-        seen: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            seen[row[key]] = row
-        updates = [{"b_id": known[k], "p_last_seen_ts": ts, **{f"p_{c}": v for c, v in row.items() if c != key}}
-                   for k, row in seen.items() if k in known]
-        inserts = [dict(row, target_id=tid, first_seen_ts=ts, last_seen_ts=ts) for k, row in seen.items()
-                   if k not in known]
-        if updates:
-            columns = [c[2:] for c in updates[0] if c.startswith("p_")]
-            conn.execute(update(model).where(model.id == bindparam("b_id"))
-                         .values({c: bindparam(f"p_{c}") for c in columns}), updates)
-        if inserts:
-            conn.execute(insert(model), inserts)
-            for r in conn.execute(select(getattr(model, key), model.id).where(model.target_id == tid)):
-                known[r[0]] = r[1]
-        gone = [row_id for k, row_id in known.items() if k not in seen]
-        for chunk in _chunks(gone):
-            conn.execute(update(model).where(model.id.in_(chunk), model.present.is_(True)).values(present=False))
+                write_sidecar(conn, self.target_ids[o.url], o, self._sessions, self._subtrees)
 
     # ------------------------------------------------------------------ alerts and outbox
 
@@ -305,148 +325,3 @@ class Store:
                                 .values(**values)).rowcount:
                 conn.execute(insert(CollectorHeartbeat).values(name=self.name, **values))
 
-    def _state(self, conn: Connection, key: str) -> float | None:
-        return conn.execute(select(CollectorState.value).where(CollectorState.key == key)).scalar()
-
-    def _set_state(self, conn: Connection, key: str, value: float) -> None:
-        if not conn.execute(update(CollectorState).where(CollectorState.key == key).values(value=value)).rowcount:
-            conn.execute(insert(CollectorState).values(key=key, value=value))
-
-    def all_series_ids(self, conn: Connection) -> list[int]:
-        return list(conn.execute(select(Series.id).order_by(Series.id)).scalars())
-
-    @staticmethod
-    def _first_bucket(conn: Connection, table: Any, ids: Sequence[int], bucket_s: float, *, default: float) -> float:
-        """Start of the bucket holding the oldest row of `table` (samples or a rollup tier), or `default`."""
-        first = None
-        for chunk in _chunks(ids):
-            m = conn.execute(select(func.min(table.ts)).where(table.series_id.in_(chunk))).scalar()
-            if m is not None:
-                first = m if first is None else min(first, m)
-        return math.floor(first / bucket_s) * bucket_s if first is not None else default
-
-    def rollup(self, now: float | None = None, *, lag_s: float = ROLLUP_LAG_S) -> int:
-        """Roll complete minutes of raw samples into rollups_1m, from the watermark on. Returns rows written."""
-        now = self.clock() if now is None else now
-        end = math.floor((now - lag_s) / 60.0) * 60.0
-        written = 0
-        with self.engine.begin() as conn:
-            start = self._state(conn, ROLLUP_WATERMARK_KEY)
-            ids = self.all_series_ids(conn)
-            if start is None:
-                start = self._first_bucket(conn, Sample, ids, 60.0, default=end)
-            stop = min(end, start + ROLLUP_MAX_MINUTES * 60.0)
-            if stop <= start:
-                if self._state(conn, ROLLUP_WATERMARK_KEY) is None:
-                    self._set_state(conn, ROLLUP_WATERMARK_KEY, start)
-                return 0
-            for chunk in _chunks(ids):
-                rows = conn.execute(select(Sample.series_id, Sample.ts, Sample.value)
-                                    .where(Sample.series_id.in_(chunk), Sample.ts >= start, Sample.ts < stop)
-                                    .order_by(Sample.series_id, Sample.ts)).all()
-                out = rollup_rows(rows)
-                if out:
-                    # A restart may re-roll a minute it already wrote: replace it.
-                    keys = {(r["series_id"], r["ts"]) for r in out}
-                    minutes = sorted({k[1] for k in keys})
-                    conn.execute(delete(Rollup1m).where(Rollup1m.series_id.in_(chunk), Rollup1m.ts >= minutes[0],
-                                                        Rollup1m.ts <= minutes[-1]))
-                    conn.execute(insert(Rollup1m), out)
-                    written += len(out)
-            self._set_state(conn, ROLLUP_WATERMARK_KEY, stop)
-        if stop < end:
-            return written + self.rollup(now, lag_s=lag_s)
-        return written + self.rollup_10m()
-
-    def rollup_10m(self) -> int:
-        """Roll complete 10-minute periods of 1-minute rollups (up to their watermark) into rollups_10m."""
-        written = 0
-        with self.engine.begin() as conn:
-            minute_mark = self._state(conn, ROLLUP_WATERMARK_KEY)
-            if minute_mark is None:
-                return 0
-            end = math.floor(minute_mark / 600.0) * 600.0
-            start = self._state(conn, ROLLUP10_WATERMARK_KEY)
-            ids = self.all_series_ids(conn)
-            if start is None:
-                start = self._first_bucket(conn, Rollup1m, ids, 600.0, default=end)
-            stop = min(end, start + 7 * 86400.0)  # a week per transaction when backfilling
-            if stop > start:
-                for chunk in _chunks(ids):
-                    rows = conn.execute(select(Rollup1m.series_id, Rollup1m.ts, Rollup1m.min, Rollup1m.max,
-                                               Rollup1m.mean, Rollup1m.last, Rollup1m.count)
-                                        .where(Rollup1m.series_id.in_(chunk), Rollup1m.ts >= start,
-                                               Rollup1m.ts < stop)
-                                        .order_by(Rollup1m.series_id, Rollup1m.ts)).all()
-                    out = merge_rollups(rows, 600.0)
-                    if out:
-                        conn.execute(delete(Rollup10m).where(Rollup10m.series_id.in_(chunk), Rollup10m.ts >= start,
-                                                             Rollup10m.ts < stop))
-                        conn.execute(insert(Rollup10m), out)
-                        written += len(out)
-            self._set_state(conn, ROLLUP10_WATERMARK_KEY, max(start, stop))
-        if stop < end:
-            written += self.rollup_10m()
-        return written
-
-    def retention(self, raw_retention_s: float, rollup_retention_s: float, now: float | None = None,
-                  *, keep_alerts_s: float | None = None) -> tuple[int, int]:
-        """Delete raw samples older than the raw window (only once rolled up) and old rollups."""
-        now = self.clock() if now is None else now
-        raw_removed = roll_removed = 0
-        with self.engine.begin() as conn:
-            watermark = self._state(conn, ROLLUP_WATERMARK_KEY)
-            # Never drop what is not rolled up yet.
-            raw_cutoff = min(now - raw_retention_s, watermark) if watermark is not None else -math.inf
-            roll_cutoff = now - rollup_retention_s
-            for chunk in _chunks(self.all_series_ids(conn)):
-                if raw_cutoff > -math.inf:
-                    raw_removed += conn.execute(delete(Sample).where(Sample.series_id.in_(chunk),
-                                                                     Sample.ts < raw_cutoff)).rowcount or 0
-                roll_removed += conn.execute(delete(Rollup1m).where(Rollup1m.series_id.in_(chunk),
-                                                                    Rollup1m.ts < roll_cutoff)).rowcount or 0
-                conn.execute(delete(Rollup10m).where(Rollup10m.series_id.in_(chunk), Rollup10m.ts < roll_cutoff))
-            self._set_state(conn, RAW_RETENTION_KEY, raw_retention_s)
-            keep = rollup_retention_s if keep_alerts_s is None else keep_alerts_s
-            conn.execute(delete(Notification).where(Notification.created_ts < now - keep))
-            conn.execute(delete(Session).where(Session.present.is_(False), Session.last_seen_ts < now - keep))
-            conn.execute(delete(Subtree).where(Subtree.present.is_(False), Subtree.last_seen_ts < now - keep))
-        return raw_removed, roll_removed
-
-
-def merge_rollups(rows: Iterable[Any], period_s: float) -> list[dict[str, Any]]:
-    """(series_id, ts, min, max, mean, last, count) rollups ordered by series and time -> one per period."""
-    out: list[dict[str, Any]] = []
-    for (series_id, period), group in groupby(rows, key=lambda r: (r[0], math.floor(r[1] / period_s) * period_s)):
-        items = list(group)
-        count = sum(r[6] for r in items)
-        mean = sum(r[4] * r[6] for r in items) / count if count else items[-1][4]
-        out.append({"series_id": series_id, "ts": period, "min": min(r[2] for r in items),
-                    "max": max(r[3] for r in items), "mean": mean, "last": items[-1][5], "count": count})
-    return out
-
-
-def rollup_rows(rows: Iterable[Any]) -> list[dict[str, Any]]:
-    """(series_id, ts, value) rows ordered by series and time -> one rollup dict per series-minute."""
-    out: list[dict[str, Any]] = []
-    current: tuple[int, float] | None = None
-    acc: dict[str, Any] = {}
-    for series_id, ts, value in rows:
-        minute = math.floor(ts / 60.0) * 60.0
-        key = (series_id, minute)
-        if key != current:
-            if current is not None:
-                acc["mean"] = acc.pop("sum") / acc["count"]
-                out.append(acc)
-            current = key
-            acc = {"series_id": series_id, "ts": minute, "min": value, "max": value, "sum": 0.0, "last": value,
-                   "count": 0}
-        acc["min"] = min(acc["min"], value)
-        acc["max"] = max(acc["max"], value)
-        acc["sum"] += value
-        acc["last"] = value
-        acc["count"] += 1
-    if current is not None:
-        acc["mean"] = acc.pop("sum") / acc["count"]
-        out.append(acc)
-    return out

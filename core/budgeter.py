@@ -71,7 +71,11 @@ Decision = Literal["forward", "hold"]
 
 
 class ConfigError(ValueError):
-    """A budgeter setting is invalid; the message names the field and the value."""
+    """A budgeter setting is invalid; the message names the field and the value, ``field`` the field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class UnknownSession(KeyError):
@@ -83,18 +87,18 @@ class UnknownSession(KeyError):
 
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
+        raise ConfigError(f"{name} must be a number, got {value!r}", name)
     result = float(value)
     if not math.isfinite(result):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        raise ConfigError(f"{name} must be a finite number, got {value!r}", name)
     return result
 
 
 def _integer(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be a whole number, got {value!r}")
+        raise ConfigError(f"{name} must be a whole number, got {value!r}", name)
     if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value!r}")
+        raise ConfigError(f"{name} must be at least {minimum}, got {value!r}", name)
     return value
 
 
@@ -112,18 +116,18 @@ class BudgeterConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in CONTROLS:
-            raise ConfigError(f"mode must be one of {', '.join(CONTROLS)}; got {self.mode!r}")
+            raise ConfigError(f"mode must be one of {', '.join(CONTROLS)}; got {self.mode!r}", "mode")
         low = _number("low", self.low)
         high = _number("high", self.high)
         if not 0 < low < 1:
-            raise ConfigError(f"low band must be between 0 and 1, got {self.low!r}")
+            raise ConfigError(f"low band must be between 0 and 1, got {self.low!r}", "low")
         if not 0 < high <= 1:
-            raise ConfigError(f"high band must be above 0 and at most 1, got {self.high!r}")
+            raise ConfigError(f"high band must be above 0 and at most 1, got {self.high!r}", "high")
         if low >= high:
-            raise ConfigError(f"low band must be below high band, got {self.low!r} >= {self.high!r}")
+            raise ConfigError(f"low band must be below high band, got {self.low!r} >= {self.high!r}", "low")
         limit = _number("latency_limit_s", self.latency_limit_s)
         if limit <= 0:
-            raise ConfigError(f"latency_limit_s must be positive, got {self.latency_limit_s!r}")
+            raise ConfigError(f"latency_limit_s must be positive, got {self.latency_limit_s!r}", "latency_limit_s")
         _integer("session_cap", self.session_cap, 1)
         _integer("latency_window", self.latency_window, 1)
         _integer("default_output_budget", self.default_output_budget, 0)
@@ -136,7 +140,8 @@ class BudgeterConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ConfigError(f"unknown budgeter setting {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown budgeter setting {unknown[0]!r}; known: {', '.join(sorted(known))}",
+                              unknown[0])
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +203,7 @@ class Budgeter:
 
     def set_pool(self, pool_tokens: int | None) -> None:
         if pool_tokens is not None and pool_tokens <= 0:
-            raise ConfigError(f"pool_tokens must be positive, got {pool_tokens!r}")
+            raise ConfigError(f"pool_tokens must be positive, got {pool_tokens!r}", "pool_tokens")
         self.pool_tokens = pool_tokens
 
     # ------------------------------------------------------------------ queries

@@ -44,6 +44,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Literal
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -283,6 +284,14 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
         warnings.append(f"no canonical {kind} engine metrics on this page")
     return ParsedPage(kind=kind, engines=engines, process_start_ts=process_start,
                       model_names=tuple(sorted(models)), prefix_cache_unit=unit, warnings=tuple(warnings))
+
+
+def page_from_samples(samples: Iterable[tuple[str, Mapping[str, str], float]],
+                      kind: Literal["vllm", "sglang"] = "vllm") -> ParsedPage:
+    """The `ParsedPage` of one engine target from (sample name, labels, value) triples, as read from a
+    Prometheus query API instead of a /metrics page: the same fields, engine labels and warnings."""
+    rows = [SimpleNamespace(name=n, labels=labels, value=v) for n, labels, v in samples]
+    return _collect((SimpleNamespace(name="samples", documentation="", samples=rows),), kind)
 
 
 def _first(values: Mapping[str, float], names: tuple[str, ...]) -> float | None:

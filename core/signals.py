@@ -34,10 +34,14 @@ Sidecar signals (engine label is always ""):
   ``band_low``, ``band_high`` (fractions of the pool).
 - ``turns_per_s``, ``sessions_in_system`` (admitted + parked + waiting),
   ``admitted``, ``parked``, ``waiting``.
-- ``oldest_waiting_s``: how long the oldest session waiting for admission has waited, seconds
-  (0 when nobody waits).
 - ``low_half_cached_fraction``: fraction of recent turns with under half of their
   prompt cached.
+- ``oldest_waiting_s``: seconds the longest-waiting new session has waited for admission
+  (``/state`` ``backlog``; 0 when nobody waits, so the admission-wait alert resolves).
+- ``oldest_parked_s``: seconds the longest-parked session has been parked (no sample while
+  nobody is parked).
+- ``time_to_admit_p50``, ``time_to_admit_p95``, ``park_time_p50``, ``park_time_p95``:
+  seconds, over the sidecar's recent window.
 
 Collapse risk (`core.risk`), computed by the collectors from the signals above and stored on the
 key it was judged for (the sidecar's, or a bare engine's label):
@@ -92,6 +96,11 @@ PARKED: Final = "parked"
 WAITING: Final = "waiting"
 LOW_HALF_CACHED_FRACTION: Final = "low_half_cached_fraction"
 OLDEST_WAITING_S: Final = "oldest_waiting_s"
+OLDEST_PARKED_S: Final = "oldest_parked_s"
+TIME_TO_ADMIT_P50: Final = "time_to_admit_p50"
+TIME_TO_ADMIT_P95: Final = "time_to_admit_p95"
+PARK_TIME_P50: Final = "park_time_p50"
+PARK_TIME_P95: Final = "park_time_p95"
 
 # Collapse risk (core.risk): the score, and a prefix + input name for each input's contribution
 COLLAPSE_RISK: Final = "collapse_risk"
@@ -114,7 +123,8 @@ ENGINE_SIGNALS: Final = (
 SIDECAR_SIGNALS: Final = (
     TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
     DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
-    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S,
+    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S, OLDEST_PARKED_S, TIME_TO_ADMIT_P50, TIME_TO_ADMIT_P95,
+    PARK_TIME_P50, PARK_TIME_P95,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
 ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + RISK_SIGNALS + TARGET_SIGNALS))

@@ -41,6 +41,11 @@ COLORS = {
     "ttft_p90": "#ff7f0e",
     "ttft_p99": "#d62728",
     "relative_cost": "#1f4e79",
+    "prompt_tokens_per_s": "#1f77b4",
+    "generation_tokens_per_s": "#2ca02c",
+    "preemptions_per_s": "#d62728",
+    **{f"{base}_p{q}": color for base in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
+       for q, color in ((50, "#2ca02c"), (90, "#ff7f0e"), (99, "#d62728"))},
 }
 LABELS = {
     "token_weighted": "R_t (token-weighted)",
@@ -61,6 +66,12 @@ LABELS = {
     "ttft_p90": "TTFT p90",
     "ttft_p99": "TTFT p99",
     "relative_cost": "relative input cost",
+    "prompt_tokens_per_s": "prompt tokens/s",
+    "generation_tokens_per_s": "generation tokens/s",
+    "preemptions_per_s": "preemptions/s",
+    **{f"{base}_p{q}": f"{name} p{q}" for base, name in (("e2e", "e2e"), ("itl", "ITL"), ("queue_time", "queue"),
+                                                         ("prompt_len", "prompt length"),
+                                                         ("output_len", "output length")) for q in (50, 90, 99)},
 }
 EVENT_STYLE = {
     "action": ("#1f4e79", "diamond", "operator action"),
@@ -69,8 +80,9 @@ EVENT_STYLE = {
 }
 # No plotly template: st.plotly_chart's "streamlit" theme styles the charts in the browser, and applying
 # a template server-side costs ~10 ms per figure (measured), a third of a figure's build time.
-BASE_LAYOUT = dict(margin=dict(l=50, r=20, t=40, b=60), height=320,
-                   legend=dict(orientation="h", yanchor="top", y=-0.16, xanchor="left", x=0),
+# The legend sits below the time axis's tick labels (never over an axis title); y axes get few, round ticks.
+BASE_LAYOUT = dict(margin=dict(l=60, r=20, t=40, b=70), height=320,
+                   legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0),
                    hovermode="x unified")
 
 
@@ -99,6 +111,19 @@ def with_gaps(frame: pd.DataFrame, max_gap: float) -> pd.DataFrame:
     return pd.concat([frame, breaks], ignore_index=True).sort_values("ts")
 
 
+def across(points: pd.DataFrame, start: float, end: float) -> pd.DataFrame:
+    """A setting's points (ts, value) held from the window's start to its end: a band is drawn across
+    the whole range (its first value back to the start, its last value on to the end)."""
+    if points.empty:
+        return points
+    points = points.dropna().sort_values("ts")
+    if points.empty:
+        return points
+    head = pd.DataFrame({"ts": [start], "value": [points["value"].iloc[0]]})
+    tail = pd.DataFrame({"ts": [end], "value": [points["value"].iloc[-1]]})
+    return pd.concat([head, points, tail], ignore_index=True)
+
+
 def signal_line(frame: pd.DataFrame, signal: str, *, max_gap: float, name: str | None = None,
                 dash: str | None = None, width: float = 2.0, color: str | None = None) -> go.Scatter | None:
     part = frame[frame["signal"] == signal][["ts", "value"]]
@@ -122,11 +147,21 @@ def add_staleness(fig: go.Figure, last_ts: float | None, now: float, stale_after
                        bgcolor="rgba(255,255,255,0.8)")
 
 
+def mark_moment(fig: go.Figure, ts: float, label: str = "the moment of the link") -> None:
+    """A solid vertical line through the whole figure at `ts`, labelled at the top."""
+    t = to_time(ts)
+    fig.add_shape(type="line", xref="x", yref="paper", x0=t, x1=t, y0=0, y1=1,
+                  line=dict(color="#111111", width=2))
+    fig.add_annotation(x=t, y=1.0, yref="paper", yanchor="bottom", showarrow=False, text=f"{label} {t:%H:%M:%S}",
+                       font=dict(color="#111111", size=11), bgcolor="rgba(255,255,255,0.85)")
+
+
 VLINE_KINDS = ("action", "alert")  # rare and decisive; compaction decisions can be frequent: markers only
 MAX_VLINES = 120
+MAX_LABELS = 12  # more markers of one kind than this: hover text only (labels would overlap)
 
 
-def add_events(fig: go.Figure, events: pd.DataFrame, *, rows: int = 1, y: float = 1.0) -> None:
+def add_events(fig: go.Figure, events: pd.DataFrame, *, rows: int = 1, y: float = 1.0, labels: bool = False) -> None:
     """Markers (with hover text) for operator actions, compaction decisions and alerts, and thin
     vertical lines through the whole figure for actions and alerts (the newest MAX_VLINES)."""
     if events is None or events.empty:
@@ -136,9 +171,13 @@ def add_events(fig: go.Figure, events: pd.DataFrame, *, rows: int = 1, y: float 
         part = events[events["kind"] == kind]
         if part.empty:
             continue
-        fig.add_trace(go.Scatter(x=to_time(part["ts"]), y=[y] * len(part), mode="markers", name=label,
-                                 marker=dict(color=color, symbol=symbol, size=10), hovertext=[plain(t) for t in part["text"]],
-                                 hoverinfo="text+x", legendgroup=label),
+        labelled = labels and kind in VLINE_KINDS and "label" in part and len(part) <= MAX_LABELS
+        fig.add_trace(go.Scatter(x=to_time(part["ts"]), y=[y] * len(part),
+                                 mode="markers+text" if labelled else "markers", name=label,
+                                 text=[plain(t) for t in part["label"]] if labelled else None,
+                                 textposition="top center", textfont=dict(size=10, color=color),
+                                 marker=dict(color=color, symbol=symbol, size=10),
+                                 hovertext=[plain(t) for t in part["text"]], hoverinfo="text+x", legendgroup=label),
                       **({"row": 1, "col": 1} if rows > 1 else {}))
         if kind in VLINE_KINDS:
             for t in to_time(part["ts"].tail(MAX_VLINES)):
@@ -152,6 +191,7 @@ def add_events(fig: go.Figure, events: pd.DataFrame, *, rows: int = 1, y: float 
 def _finish(fig: go.Figure, start: float, end: float, title: str, *, height: int = 320) -> go.Figure:
     fig.update_layout(**{**BASE_LAYOUT, "height": height}, title=dict(text=title, font=dict(size=14)))
     fig.update_xaxes(range=[to_time(start), to_time(end)], title_text=None)
+    fig.update_yaxes(nticks=6)
     return fig
 
 
@@ -172,20 +212,27 @@ def hit_rate_figure(frame: pd.DataFrame, events: pd.DataFrame | None, *, thresho
                   annotation_text=f"thin-reuse threshold {threshold:g}", annotation_position="top left")
     fig.update_yaxes(range=[0, 1.05], title_text="hit rate", row=1, col=1)
     fig.update_yaxes(range=[-0.1, 1.0], title_text="D", row=2, col=1)
-    add_events(fig, events if events is not None else pd.DataFrame(), rows=2, y=1.03)
-    add_staleness(fig, _last_ts(frame), now, stale_after, rows=2)
-    return _finish(fig, start, end, title, height=430)
+    add_events(fig, events if events is not None else pd.DataFrame(), rows=2, y=1.03, labels=True)
+    drawn = frame[frame["signal"].isin(["token_weighted", "request_weighted", "engine_hit_ratio", "divergence"])]
+    add_staleness(fig, _last_ts(drawn), now, stale_after, rows=2)
+    _finish(fig, start, end, title, height=450)
+    fig.update_layout(margin=dict(t=70))  # room for the markers' labels above the plot
+    return fig
 
 
 def kv_figure(frame: pd.DataFrame, events: pd.DataFrame | None, *, start: float, end: float, now: float,
               stale_after: float, max_gap: float) -> go.Figure:
     """KV demand against the pool with the bands, beside the engine's own usage gauge."""
     fig = go.Figure()
-    for signal, dash, width in (("demand_fraction", None, 2.4), ("band_low", "dash", 1.2),
-                                ("band_high", "dash", 1.2), ("kv_usage", "dot", 1.5)):
+    for signal, dash, width in (("demand_fraction", None, 2.4), ("kv_usage", "dot", 1.5)):
         trace = signal_line(frame, signal, max_gap=max_gap, dash=dash, width=width)
         if trace is not None:
             fig.add_trace(trace)
+    for signal in ("band_low", "band_high"):
+        band = across(frame[frame["signal"] == signal][["ts", "value"]], start, end)
+        if not band.empty:
+            fig.add_trace(go.Scatter(x=to_time(band["ts"]), y=band["value"], mode="lines", line_shape="hv",
+                                     name=LABELS[signal], line=dict(color=COLORS[signal], dash="dash", width=1.2)))
     fig.update_yaxes(title_text="fraction of KV pool", rangemode="tozero")
     add_events(fig, events if events is not None else pd.DataFrame(), y=1.0)
     add_staleness(fig, _last_ts(frame), now, stale_after)

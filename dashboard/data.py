@@ -105,8 +105,9 @@ def latest(url: str, target_ids: tuple[int, ...], signals: tuple[str, ...] | Non
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def series(url: str, target_ids: tuple[int, ...], signals: tuple[str, ...], start: float, end: float) -> pd.DataFrame:
-    return _read(url, q.series_frame, target_ids, signals, start, end)
+def series(url: str, target_ids: tuple[int, ...], signals: tuple[str, ...], start: float, end: float,
+           max_points: int | None = None) -> pd.DataFrame:
+    return _read(url, q.series_frame, target_ids, signals, start, end, max_points)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
@@ -135,8 +136,8 @@ def audit(url: str, start: float, end: float) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def alerts(url: str, since: float) -> pd.DataFrame:
-    return _read(url, q.alerts_frame, since=since)
+def alerts(url: str, since: float, until: float | None = None) -> pd.DataFrame:
+    return _read(url, q.alerts_frame, since=since, until=until)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
@@ -147,6 +148,26 @@ def silences(url: str, now: float) -> pd.DataFrame:
 @st.cache_data(ttl=TTL, show_spinner=False)
 def events(url: str, ref: q.EngineRef, start: float, end: float) -> pd.DataFrame:
     return _read(url, q.events_frame, ref, start, end)
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
+def audit_for(url: str, target_ids: tuple[int, ...], start: float, end: float) -> pd.DataFrame:
+    return _read(url, q.audit_frame, start, end, target_ids=target_ids)
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def alert_settings(config_path: str | None) -> Any:
+    """The alert settings in force: the fleet TOML's ``[alerts]`` (read through `collectors.config`, the
+    one grammar), else `core.alerts.AlertSettings` defaults. An unreadable file logs and gives defaults."""
+    from collectors.config import ConfigError, load_config
+    from core.alerts import AlertSettings
+
+    if config_path:
+        try:
+            return load_config(config_path).alerts
+        except (ConfigError, OSError, ValueError) as exc:
+            logger.warning("alert settings from %s unreadable, using defaults: %s", config_path, exc)
+    return AlertSettings()
 
 
 def clear_caches() -> None:

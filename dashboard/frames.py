@@ -46,6 +46,7 @@ class EngineRef:
     sidecar_url: str | None
     kind: str
     sidecar_name: str | None = None
+    labels: tuple[str, ...] = ()  # "key=value" labels of its targets (for the Overview's filter)
 
     @property
     def target_ids(self) -> tuple[int, ...]:
@@ -104,6 +105,12 @@ def list_engines(conn: Connection) -> list[EngineRef]:
             by_engine_url.setdefault(engine_url.rstrip("/"), s)
     result: list[EngineRef] = []
     used: set[int] = set()
+
+    def labels(*found: Any) -> tuple[str, ...]:
+        pairs = {f"{k}={v}" for t in found if t is not None and isinstance(t["labels"], dict)
+                 for k, v in t["labels"].items()}
+        return tuple(sorted(pairs))
+
     for e in engines:
         s = by_engine_url.get(e["url"].rstrip("/"))
         if s is not None:
@@ -111,12 +118,12 @@ def list_engines(conn: Connection) -> list[EngineRef]:
         result.append(EngineRef(key=e["name"] or e["url"], engine_target_id=e["id"],
                                 sidecar_target_id=s["id"] if s else None, engine_url=e["url"],
                                 sidecar_url=s["url"] if s else None, kind=e["kind"],
-                                sidecar_name=(s["name"] or s["url"]) if s else None))
+                                sidecar_name=(s["name"] or s["url"]) if s else None, labels=labels(e, s)))
     for s in sidecars:
         if s["id"] not in used:
             result.append(EngineRef(key=s["name"] or s["url"], engine_target_id=None, sidecar_target_id=s["id"],
                                     engine_url=s["engine_url"], sidecar_url=s["url"], kind="unknown",
-                                    sidecar_name=s["name"] or s["url"]))
+                                    sidecar_name=s["name"] or s["url"], labels=labels(s)))
     return sorted(result, key=lambda r: natural_key(r.key))
 
 
@@ -270,20 +277,28 @@ def events_frame(conn: Connection, ref: EngineRef, start: float, end: float) -> 
     if ids:
         audit = audit_frame(conn, start, end, target_ids=ids, limit=500)
         for r in audit.itertuples():
-            records.append({"ts": r.ts, "kind": "action",
+            if r.action in SIGN_IN_ACTIONS:
+                continue
+            what = r.params.get("mode") if isinstance(r.params, dict) and r.params.get("mode") else r.action
+            records.append({"ts": r.ts, "kind": "action", "label": f"{r.actor or '?'}: {what}",
                             "text": f"{r.actor or '?'}: {r.action} {_compact(r.params)} -> {r.outcome}"})
         if ref.sidecar_target_id is not None:
             dec = decisions_frame(conn, [ref.sidecar_target_id], start, end, limit=500)
             for r in dec.itertuples():
-                records.append({"ts": r.ts, "kind": "compaction",
+                records.append({"ts": r.ts, "kind": "compaction", "label": "",
                                 "text": f"compaction {r.decision or '?'} {r.subtree_id or ''}: {r.reason or ''}"})
         for a in dbq.alerts(conn, target_id=ids, since_ts=start, until_ts=end, limit=1000):
             if start <= a["started_ts"] <= end:
-                records.append({"ts": a["started_ts"], "kind": "alert",
+                records.append({"ts": a["started_ts"], "kind": "alert", "label": f"{a['rule']} fired",
                                 "text": f"alert {a['rule']} ({a['severity']}) opened: {a['summary']}"})
             if a["resolved_ts"] is not None and start <= a["resolved_ts"] <= end:
-                records.append({"ts": a["resolved_ts"], "kind": "alert", "text": f"alert {a['rule']} closed"})
-    return pd.DataFrame.from_records(records, columns=["ts", "kind", "text"]).sort_values("ts").reset_index(drop=True)
+                records.append({"ts": a["resolved_ts"], "kind": "alert", "label": f"{a['rule']} resolved",
+                                "text": f"alert {a['rule']} closed"})
+    frame = pd.DataFrame.from_records(records, columns=["ts", "kind", "label", "text"])
+    return frame.sort_values("ts").reset_index(drop=True)
+
+
+SIGN_IN_ACTIONS = frozenset({"sign-in", "sign-out"})  # who signed in is no event on an engine's charts
 
 
 def _compact(params: Any) -> str:

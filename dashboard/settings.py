@@ -3,7 +3,8 @@
 Optional settings come from the environment, not `st.secrets`: with no secrets
 file `st.secrets.get(key, default)` raises instead of returning the default.
 Nothing here is ever rendered: operator tokens and the passphrase stay on the
-server.
+server. The D threshold drawn on charts is the regime's own (`core.reuse.DEFAULT_REGIME.enter`, or the
+sidecar's `regime_enter`), not a setting: one source for every policy default.
 
 | variable | default | meaning |
 |---|---|---|
@@ -11,7 +12,6 @@ server.
 | PREFIXOPS_REFRESH_SECONDS | 2 | live panels' refresh interval (also the cache ttl) |
 | PREFIXOPS_STALE_SECONDS | 10 | a target whose last good scrape is older is shown stale |
 | PREFIXOPS_HEARTBEAT_STALE_SECONDS | 15 | the collectors' heartbeat older than this: collectors down |
-| PREFIXOPS_DIVERGENCE_THRESHOLD | 0.5 | D threshold drawn on charts (the sidecar decides the regime) |
 | PREFIXOPS_CACHED_TOKEN_PRICE | 0.1 | price of a cached prompt token relative to an uncached one |
 | PREFIXOPS_OPERATOR_PASSPHRASE | (unset: local sign-in off) | local operator passphrase |
 | PREFIXOPS_OPERATOR_ALLOWLIST | (empty) | comma-separated OIDC identities (email or sub) allowed to act |
@@ -26,6 +26,8 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from core.reuse import DEFAULT_REGIME
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ class Settings:
     refresh_seconds: float = 2.0
     stale_after_seconds: float = 10.0
     heartbeat_stale_seconds: float = 15.0
-    divergence_threshold: float = 0.5
+    divergence_threshold: float = DEFAULT_REGIME.enter
     cached_token_price: float = 0.1
     operator_passphrase: str | None = field(default=None, repr=False)
     operator_allowlist: frozenset[str] = frozenset()
@@ -74,7 +76,6 @@ class Settings:
             refresh_seconds=_float(env, "PREFIXOPS_REFRESH_SECONDS", 2.0, minimum=0.5),
             stale_after_seconds=_float(env, "PREFIXOPS_STALE_SECONDS", 10.0, minimum=1.0),
             heartbeat_stale_seconds=_float(env, "PREFIXOPS_HEARTBEAT_STALE_SECONDS", 15.0, minimum=1.0),
-            divergence_threshold=_float(env, "PREFIXOPS_DIVERGENCE_THRESHOLD", 0.5),
             cached_token_price=_float(env, "PREFIXOPS_CACHED_TOKEN_PRICE", 0.1),
             operator_passphrase=env.get("PREFIXOPS_OPERATOR_PASSPHRASE") or None,
             operator_allowlist=allow,

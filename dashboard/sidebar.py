@@ -61,26 +61,44 @@ def render_sign_in(settings: Settings) -> auth.Operator | None:
     return None
 
 
+def targets_up(health: dict[int, q.TargetHealth], firing_down: set[int]) -> tuple[int, int, list[str]]:
+    """(up, total, names of those down): a target is down when its last scrape failed or the
+    ``target-down`` alert fires for it, so this line agrees with the alert."""
+    down = sorted(h.name for tid, h in health.items() if not h.up or tid in firing_down)
+    return len(health) - len(down), len(health), down
+
+
 def render_heartbeat(settings: Settings) -> None:
-    """Collectors' heartbeat: a dead collector shows as such on every page."""
+    """Collectors' heartbeat and targets up: a dead collector or a down target shows on every page."""
     if data.database_problem(settings.database_url):
         return
     try:
         beats = data.heartbeats(settings.database_url)
+        configured = {ref_id for ref in data.engines(settings.database_url) for ref_id in ref.target_ids}
+        health = {tid: h for tid, h in data.health(settings.database_url).items() if tid in configured}
+        now = time.time()
+        alerts = data.alerts(settings.database_url, now - 86400)
     except data.DatabaseUnavailable:
         return
-    now = time.time()
+    firing_down = set() if alerts.empty else {
+        int(t) for t in alerts[(alerts["state"] == "firing") & (alerts["rule"] == "target-down")]["target_id"]
+        if t == t}
     with st.sidebar:
         st.subheader("Collectors")
         if not beats:
             st.error("No collectors heartbeat recorded: the collectors have never run against this database.")
             return
+        up, total, down = targets_up(health, firing_down)
         for beat in beats:
             age = now - beat["last_beat_ts"]
             alive = collectors_alive(beat["last_beat_ts"], now, settings.heartbeat_stale_seconds)
-            line = (f"{escape_md(beat['name'])}: heartbeat {age_text(age)}, "
-                    f"{beat['targets_up']}/{beat['targets']} targets up")
+            line = f"{escape_md(beat['name'])}: heartbeat {age_text(age)}"
             if alive:
                 st.success(line)
             else:
                 st.error(f"{line}. NOT RUNNING: every number on these pages is at least that old.")
+        summary = f"{up}/{total} targets up"
+        if down:
+            st.error(escape_md(summary + ": down " + ", ".join(down[:5]) + (" ..." if len(down) > 5 else "")))
+        else:
+            st.success(summary)

@@ -6,7 +6,6 @@ import logging
 import re
 import runpy
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,11 +15,11 @@ import streamlit as st
 from dashboard import data
 from dashboard.frames import EngineRef
 from dashboard.settings import Settings
+from dashboard.timerange import TimeWindow
 
 logger = logging.getLogger(__name__)
 
 APP_SCRIPT = Path(__file__).resolve().parent.parent / "app.py"
-RANGES: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 LAST_ENGINE_KEY = "last_engine"
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:=^&])")
 
@@ -69,6 +68,21 @@ def ensure_router() -> None:
         PagesManager.uses_pages_directory = False
         runpy.run_path(str(APP_SCRIPT), run_name="__main__")
         st.stop()
+
+
+def route_default_alias(default_url_path: str) -> None:
+    """Let ``/<default_url_path>`` reach the default page (called before `st.navigation`).
+
+    `st.navigation` serves the default page at the root only (its url_path reads ""), so a deep link to
+    ``/overview`` would show "Page not found" and then the main page. The intent is rewritten to the
+    root before the pages are resolved."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    manager = getattr(ctx, "pages_manager", None)
+    if manager is not None and not manager.intended_page_script_hash \
+            and manager.intended_page_name == default_url_path:
+        manager.set_script_intent("", "")
 
 
 def open_sidecar_page(title: str, without_sidecar: str) -> tuple[Settings, EngineRef]:
@@ -124,64 +138,17 @@ def choose_engine(engines: list[EngineRef], *, key: str = "engine") -> EngineRef
     return engines[keys.index(chosen)]
 
 
-@dataclass(frozen=True)
-class TimeWindow:
-    start: float
-    end: float
-    label: str
-    at: float | None  # a moment chosen through a link (not live)
-
-    @property
-    def live(self) -> bool:
-        return self.at is None
-
-    @property
-    def span(self) -> float:
-        return self.end - self.start
-
-
-def choose_range(settings: Settings, *, key: str = "range", default: str = "1h") -> TimeWindow:
-    """Range picker synced with `?range=`; `?at=<epoch>` centres the window on a moment (from an alert)."""
-    labels = list(RANGES)
-    wanted = st.query_params.get("range", default)
-    if wanted not in RANGES:
-        wanted = default
-    label = st.selectbox("Time range", labels, index=labels.index(wanted), key=f"{key}_select",
-                         format_func=lambda v: f"last {v}")
-    if st.query_params.get("range") != label:
-        st.query_params["range"] = label
-    span = RANGES[label]
-    at: float | None = None
-    raw_at = st.query_params.get("at")
-    if raw_at:
-        try:
-            at = float(raw_at)
-        except ValueError:
-            st.warning("Ignoring the link's moment: `at` is not a Unix time.")
-    now = data.live_now(settings)
-    if at is not None:
-        end = min(now, at + span / 2)
-        start = end - span
-        return TimeWindow(start, end, label, at)
-    return TimeWindow(now - span, now, label, None)
-
-
-def back_to_live_button(window: TimeWindow) -> None:
-    if window.at is None:
-        return
-    cols = st.columns([4, 1])
-    cols[0].info(f"Showing the moment {fmt_ts(window.at)} (from a link), not live.")
-    if cols[1].button("Back to live", key="back_to_live"):
-        del st.query_params["at"]
-        st.rerun()
-
-
 def max_gap_for(window: TimeWindow) -> float:
     """A missing stretch longer than this is drawn as a gap."""
     from dashboard.frames import step_for_span
 
     step = step_for_span(window.span)
     return max(10.0, 3 * step)
+
+
+def admission_wait_limit() -> float | None:
+    """The ``admission-wait`` alert's limit in force (seconds), or None when the rules have none."""
+    return getattr(data.alert_settings(Settings.from_env().config_path), "admission_wait_s", None)
 
 
 def now() -> float:

@@ -51,19 +51,27 @@ def _normalise(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool = False, **kwargs: Any) -> Engine:
-    """Open the database at `url` (see module docstring); creates data/ for a SQLite file when writing."""
+def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool = False,
+                lock_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any) -> Engine:
+    """Open the database at `url` (see module docstring); creates data/ for a SQLite file when writing.
+
+    `lock_timeout_ms`: how long a statement waits for a lock before it fails (SQLite's busy
+    timeout; PostgreSQL's ``lock_timeout``)."""
     url = _normalise(database_url(url))
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _make_sqlite_engine(url, read_only=read_only, echo=echo, **kwargs)
+        return _make_sqlite_engine(url, read_only=read_only, echo=echo, lock_timeout_ms=lock_timeout_ms, **kwargs)
+    if lock_timeout_ms != SQLITE_BUSY_TIMEOUT_MS:
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args["options"] = f"{connect_args.get('options', '')} -c lock_timeout={int(lock_timeout_ms)}".strip()
+        kwargs["connect_args"] = connect_args
     engine = create_engine(url, echo=echo, pool_pre_ping=True, **kwargs)
     if read_only:
         engine = engine.execution_options(postgresql_readonly=True)  # type: ignore[assignment]
     return engine
 
 
-def _make_sqlite_engine(url: str, *, read_only: bool, echo: bool, **kwargs: Any) -> Engine:
+def _make_sqlite_engine(url: str, *, read_only: bool, echo: bool, lock_timeout_ms: int, **kwargs: Any) -> Engine:
     path = sqlite_path(url)
     if path is None:
         # In-memory: one shared connection, or every connection would see its own empty database.
@@ -76,14 +84,14 @@ def _make_sqlite_engine(url: str, *, read_only: bool, echo: bool, **kwargs: Any)
 
         def connect_read_only() -> sqlite3.Connection:
             return sqlite3.connect(f"file:{resolved}?mode=ro", uri=True, check_same_thread=False,
-                                   timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+                                   timeout=lock_timeout_ms / 1000)
 
         kwargs.setdefault("poolclass", NullPool)
         engine = create_engine("sqlite://", creator=connect_read_only, echo=echo, **kwargs)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, echo=echo, connect_args={"check_same_thread": False,
-                                                             "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+                                                             "timeout": lock_timeout_ms / 1000},
                                **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -93,7 +101,7 @@ def _make_sqlite_engine(url: str, *, read_only: bool, echo: bool, **kwargs: Any)
             if not read_only and path is not None:
                 cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA busy_timeout={int(lock_timeout_ms)}")
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()

@@ -187,10 +187,12 @@ class CompactionDecision(Base):
     """Compaction gate decisions fetched incrementally from /compaction/decisions?after_id=N."""
 
     __tablename__ = "compaction_decisions"
-    __table_args__ = (UniqueConstraint("target_id", "remote_id"), Index(None, "ts"))
+    __table_args__ = (UniqueConstraint("target_id", "epoch", "remote_id"), Index(None, "ts"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    # Which of the sidecar's logs: a sidecar whose state db was wiped numbers its entries from 1 again.
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     remote_id: Mapped[int] = mapped_column(Integer)  # the sidecar's own ascending id
     ts: Mapped[float]
     subtree_id: Mapped[str | None] = mapped_column(String(256))
@@ -205,11 +207,12 @@ class AuditEntry(Base):
     """The audit trail: sidecar audit entries (source='sidecar') and dashboard actions (source='dashboard')."""
 
     __tablename__ = "audit"
-    __table_args__ = (UniqueConstraint("target_id", "remote_id"), Index(None, "ts"))
+    __table_args__ = (UniqueConstraint("target_id", "epoch", "remote_id"), Index(None, "ts"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     source: Mapped[str] = mapped_column(String(16))  # sidecar | dashboard | collector
     target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="SET NULL"))
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # as for decisions
     remote_id: Mapped[int | None] = mapped_column(Integer)  # sidecar's id; NULL for dashboard rows
     ts: Mapped[float]
     actor: Mapped[str | None] = mapped_column(String(200))

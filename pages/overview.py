@@ -1,204 +1,189 @@
-"""Overview (fleet): one row per engine with its state and signals, charts of every engine, live."""
+"""Overview (fleet): counts by state, engines worst first with the cause and next step, the queue at the
+sidecars, and fleet charts as distributions across engines with the worst few on top."""
 
 from __future__ import annotations
 
-import math
 import time
+from urllib.parse import quote
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import charts, data
+from dashboard import data, fleet
+from dashboard import fleet_charts as fc
 from dashboard import frames as q
 from dashboard.settings import Settings
-from dashboard.status import COLOR, age_text, collectors_alive, engine_status
-from dashboard.ui import RANGES, ensure_router, escape_md, fmt_tokens, require_database
+from dashboard.status import BADGE, COLOR, STATES, collectors_alive
+from dashboard.timerange import TimeWindow, time_control
+from dashboard.ui import admission_wait_limit, ensure_router, escape_md, require_database
 
 ensure_router()
 settings = Settings.from_env()
 st.title("Overview")
 require_database(settings)
 url = settings.database_url
+ATTENTION_SHOWN = 8
+FLEET_POINTS = 150  # per engine and chart: distributions need the shape, not every sample
+WORST_N = 3
+NUMBER_FORMATS = {"R_t": "%.2f", "R_r": "%.2f", "D": "%.2f", "demand / pool": "percent", "KV usage": "percent",
+                  "turns/s": "%.2f", "waiting at sidecar": "%d", "parked": "%d", "in system": "%d",
+                  "engine running": "%d", "engine waiting": "%d", "open alerts": "%d"}
+
+window = time_control(settings, key="overview")
+name_filter = st.text_input("Filter engines by name or label", key="overview_filter",
+                            placeholder="e.g. engine-1 or cluster=eu")
 
 
-def fleet_rows(engines: list[q.EngineRef], now: float) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+def fleet_state(now: float) -> list[dict]:
+    engines = [e for e in data.engines(url) if fleet.matches(e, name_filter)]
     health = data.health(url)
     beats = data.heartbeats(url)
     last_beat = max((b["last_beat_ts"] for b in beats), default=None)
-    alive = collectors_alive(last_beat, now, settings.heartbeat_stale_seconds)
     all_ids = tuple(sorted({t for e in engines for t in e.target_ids}))
     latest = data.latest(url, all_ids)
-    states = data.sidecar_states(url)
     alerts = data.alerts(url, now - 86400)
-    firing = alerts[alerts["state"] == "firing"] if not alerts.empty else alerts
-    rows = []
-    ranks: dict[str, pd.DataFrame] = {}
-    for ref in engines:
-        ids = set(ref.target_ids)
-        rules = set(firing[firing["target_id"].isin(ids)]["rule"]) if not firing.empty else set()
-        side = states.get(ref.sidecar_target_id or -1, {})
-        status = engine_status(ref, health, now=now, stale_after=settings.stale_after_seconds, collectors_ok=alive,
-                               collectors_age=None if last_beat is None else now - last_beat,
-                               firing_rules=rules, regime=side.get("regime"))
-        s_id, e_id = ref.sidecar_target_id, ref.engine_target_id
-        demand = latest.value(s_id, "demand_tokens")
-        pool = latest.value(s_id, "pool_tokens") or latest.summed(e_id, "pool_tokens")
-        last_ok = max((health[t].last_success_ts or 0.0 for t in ref.target_ids if t in health), default=0.0)
-        rows.append({
-            "engine": ref.key,
-            "state": status.badge,
-            "R_t": latest.value(s_id, "token_weighted"),
-            "R_r": latest.value(s_id, "request_weighted"),
-            "D": latest.value(s_id, "divergence"),
-            "demand / pool": f"{fmt_tokens(demand)} / {fmt_tokens(pool)}" + (
-                f" ({demand / pool:.0%})" if demand is not None and pool else ""),
-            "in system": latest.value(s_id, "sessions_in_system"),
-            "parked": latest.value(s_id, "parked"),
-            "turns/s": latest.value(s_id, "turns_per_s"),
-            "KV usage": _mean(latest, e_id, "kv_usage"),
-            "running": latest.summed(e_id, "requests_running"),
-            "waiting": latest.summed(e_id, "requests_waiting"),
-            "open alerts": len(rules),
-            "last good scrape": age_text(now - last_ok) if last_ok else "never",
-            "why": status.reason,
-        })
-        labels = [lab for lab in latest.labels(e_id) if lab]
-        if len(labels) > 1:
-            ranks[ref.key] = pd.DataFrame([{
-                "rank": lab,
-                "hit ratio": latest.value(e_id, "engine_hit_ratio", lab),
-                "KV usage": latest.value(e_id, "kv_usage", lab),
-                "running": latest.value(e_id, "requests_running", lab),
-                "waiting": latest.value(e_id, "requests_waiting", lab),
-                "pool tokens": latest.value(e_id, "pool_tokens", lab),
-            } for lab in labels])
-    return pd.DataFrame(rows), ranks
+    firing: dict[int, set[str]] = {}
+    if not alerts.empty:
+        for row in alerts[alerts["state"] == "firing"].itertuples():
+            if pd.notna(row.target_id):
+                firing.setdefault(int(row.target_id), set()).add(row.rule)
+    rows = fleet.fleet_rows(engines, health=health, latest=latest, states=data.sidecar_states(url), firing=firing,
+                            now=now, stale_after=settings.stale_after_seconds,
+                            collectors_ok=collectors_alive(last_beat, now, settings.heartbeat_stale_seconds),
+                            collectors_age=None if last_beat is None else now - last_beat,
+                            admission_wait_s=admission_wait_limit())
+    return fleet.sort_rows(rows)
 
 
-def _mean(latest: q.Latest, target_id: int | None, signal: str) -> float | None:
-    vals = [latest.value(target_id, signal, lab) for lab in latest.labels(target_id)]
-    vals = [v for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
+def render_table(rows: list[dict]) -> None:
+    table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("ref", "status")} for r in rows])
+    table["oldest wait"] = [_secs(v) for v in table["oldest wait"]]
+    table["oldest parked"] = [_secs(v) for v in table["oldest parked"]]
+    table.insert(0, "open", [f"engine?engine={quote(r['engine'])}" for r in rows])
+    styled = table.style.map(lambda v: f"background-color: {COLOR.get(v, '')}; font-weight: 600", subset=["state"])
+    old = {"DOWN", "STALE"}
+    styled = styled.apply(lambda row: ["color: #9e9e9e; font-style: italic" if row["state"] in old and col in
+                                       NUMBER_FORMATS else "" for col in row.index], axis=1)
+    config = {name: st.column_config.NumberColumn(name, format=fmt) for name, fmt in NUMBER_FORMATS.items()}
+    config.update({
+        "open": st.column_config.LinkColumn("open", display_text="Engine page", width="small"),
+        "engine": st.column_config.TextColumn("engine", width="small"),
+        "state": st.column_config.TextColumn("state", width=110, help="precedence: " + " > ".join(STATES)),
+        "why": st.column_config.TextColumn("why", width="large", help="the cause and the next step"),
+        "R_t": st.column_config.NumberColumn("R_t", format="%.2f", help="token-weighted hit rate (sidecar)"),
+        "D": st.column_config.NumberColumn("D", format="%.2f", help="R_r - R_t, same /state snapshot as the state"),
+        "oldest wait": st.column_config.TextColumn("oldest wait", help="oldest session waiting at the sidecar"),
+    })
+    st.dataframe(styled, key="fleet_table", hide_index=True, width="stretch", column_config=config,
+                 height=min(38 + 35 * len(table), 740))
+
+
+def _secs(value: float | None) -> str:
+    if value is None or value != value:
+        return "-"
+    return f"{value:.0f} s" if value < 120 else f"{value / 60:.0f} min"
 
 
 @st.fragment(run_every=settings.refresh_seconds)
 def fleet_panel() -> None:
     now = time.time()
     try:
-        engines = data.engines(url)
-        if not engines:
-            st.info("No engines recorded yet: the collectors have not scraped any target.")
-            return
-        table, ranks = fleet_rows(engines, now)
+        rows = fleet_state(now)
     except data.DatabaseUnavailable as exc:
         st.error(str(exc))
         return
+    if not rows:
+        st.info("No engines match the filter." if name_filter else
+                "No engines recorded yet: the collectors have not scraped any target.")
+        return
+    counts = fleet.state_counts(rows)
+    cols = st.columns(len(STATES))
+    for col, state in zip(cols, STATES, strict=True):
+        col.metric(BADGE[state], counts.get(state, 0))
+    attention = [r for r in rows if r["status"].state not in ("healthy", "unknown")]
+    if attention:
+        st.markdown(f"**Needs attention ({len(attention)})**, worst first:")
+        for r in attention[:ATTENTION_SHOWN]:
+            line = st.columns([2, 2, 12])
+            line[0].markdown(f"**{r['state']}**")
+            line[1].page_link("pages/engine.py", label=escape_md(r["engine"]), query_params={"engine": r["engine"]})
+            line[2].markdown(escape_md(r["why"]))
+        if len(attention) > ATTENTION_SHOWN:
+            st.caption(f"... and {len(attention) - ATTENTION_SHOWN} more in the table below.")
     st.caption(f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
-               f"{settings.refresh_seconds:g} s. State precedence: down > stale > collapsed > thin-reuse > healthy; "
-               "numbers of a down or stale engine are its last known values (grey).")
-    old = {"DOWN", "STALE"}
-    styled = (table.style.map(lambda v: f"background-color: {COLOR.get(v, '')}", subset=["state"])
-              .apply(lambda row: ["color: #9e9e9e; font-style: italic" if row["state"] in old and col not in
-                                  ("engine", "state", "why", "last good scrape") else "" for col in row.index],
-                     axis=1)
-              .format({"R_t": "{:.2f}", "R_r": "{:.2f}", "D": "{:.2f}", "KV usage": "{:.0%}", "turns/s": "{:.2f}",
-                       "in system": "{:.0f}", "parked": "{:.0f}", "running": "{:.0f}", "waiting": "{:.0f}"},
-                      na_rep="-"))
-    st.dataframe(styled, key="fleet_table", hide_index=True, width="stretch", column_config={
-        "R_t": st.column_config.NumberColumn("R_t", format="%.2f", help="token-weighted hit rate (sidecar)"),
-        "R_r": st.column_config.NumberColumn("R_r", format="%.2f", help="request-weighted hit rate (sidecar)"),
-        "D": st.column_config.NumberColumn("D", format="%.2f", help="R_r - R_t"),
-        "KV usage": st.column_config.NumberColumn("KV usage", format="percent",
-                                                  help="engine gauge; does not count idle cached prefixes"),
-        "turns/s": st.column_config.NumberColumn(format="%.2f"),
-        "in system": st.column_config.NumberColumn(format="%d"),
-        "parked": st.column_config.NumberColumn(format="%d"),
-        "running": st.column_config.NumberColumn(format="%d"),
-        "waiting": st.column_config.NumberColumn(format="%d"),
-    })
-    cols = st.columns(min(len(engines), 6))
-    for i, ref in enumerate(engines):
-        cols[i % len(cols)].page_link("pages/engine.py", label=f"Open engine {escape_md(ref.key)}",
-                                      query_params={"engine": ref.key})
-    for key, frame in ranks.items():
-        with st.expander(f"Data-parallel ranks of engine {escape_md(key)} ({len(frame)})"):
-            st.dataframe(frame, hide_index=True, key=f"ranks_{key}")
+               f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
+               "stale engine are its last known values (grey).")
+    render_table(rows)
 
 
-@st.fragment(run_every=settings.refresh_seconds)
-def charts_panel(span: float) -> None:
-    now = time.time()
-    try:
-        engines = data.engines(url)
-        if not engines:
-            return
-        end = data.live_now(settings)
-        start = end - span
-        sidecars = {e.sidecar_target_id: e.key for e in engines if e.sidecar_target_id is not None}
-        eng_ids = {e.engine_target_id: e.key for e in engines if e.engine_target_id is not None}
-        frame = data.series(url, tuple(sorted(sidecars)), ("token_weighted", "request_weighted", "divergence",
-                                                            "demand_fraction"), start, end)
-        eframe = q.combine_ranks(data.series(url, tuple(sorted(eng_ids)), ("kv_usage", "requests_running",
-                                                                         "requests_waiting"), start, end))
-    except data.DatabaseUnavailable as exc:
-        st.error(str(exc))
+def charts_for(window_now: TimeWindow, now: float) -> None:
+    engines = [e for e in data.engines(url) if fleet.matches(e, name_filter)]
+    if not engines:
         return
-    max_gap = max(10.0, 3 * q.step_for_span(span))
-    common = dict(start=start, end=end, now=now, stale_after=settings.stale_after_seconds, max_gap=max_gap)
-    fig = charts.overview_figure(frame, sidecars, **common)
-    st.plotly_chart(fig, key="overview_hit_rates", width="stretch")
+    start, end = window_now.start, window_now.end
+    sidecars = {e.sidecar_target_id: e for e in engines if e.sidecar_target_id is not None}
+    eng_ids = {e.engine_target_id: e for e in engines if e.engine_target_id is not None}
+    side = data.series(url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting"),
+                       start, end, FLEET_POINTS)
+    eng = q.combine_ranks(data.series(url, tuple(sorted(eng_ids)), ("kv_usage",), start, end, FLEET_POINTS))
+    health = data.health(url)
+    frozen = {e.sidecar_target_id: health[e.engine_target_id].last_success_ts or 0.0 for e in sidecars.values()
+              if e.engine_target_id in health and not health[e.engine_target_id].up}
+    side = fc.drop_frozen(side, frozen)
+    latest = data.latest(url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting"))
+    step = q.step_for_span(end - start)
+    common = dict(start=start, end=end, now=now, stale_after=settings.stale_after_seconds,
+                  max_gap=max(10.0, 3 * max(step, (end - start) / FLEET_POINTS)), marker_ts=window_now.at)
+
+    def worst(signal: str, highest: bool) -> list[tuple[int, str]]:
+        known = [(tid, latest.value(tid, signal)) for tid in sidecars if tid not in frozen]
+        known = [(tid, v) for tid, v in known if v is not None]
+        known.sort(key=lambda x: -x[1] if highest else x[1])
+        return [(tid, sidecars[tid].key) for tid, _v in known[:WORST_N]]
+
+    st.plotly_chart(fc.distribution_figure(side, "token_weighted", worst("token_weighted", False),
+                                           title="R_t across engines: p10-p90, median, the 3 lowest (UTC)",
+                                           y_title="R_t", y_range=(0, 1.05), **common),
+                    key="overview_hit_rates", width="stretch")
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(_per_engine(frame, sidecars, "divergence", "D = R_r - R_t per engine (UTC)", "D",
-                                    threshold=settings.divergence_threshold, y_range=(-0.1, 1.0), **common),
-                        key="overview_divergence", width="stretch")
-        st.plotly_chart(_per_engine(eframe, eng_ids, ("requests_running", "requests_waiting"),
-                                    "Requests running (solid) and waiting (dashed) (UTC)", "requests", **common),
-                        key="overview_requests", width="stretch")
+        st.plotly_chart(fc.distribution_figure(side, "divergence", worst("divergence", True),
+                                               title="D = R_r - R_t: distribution, the 3 highest (UTC)", y_title="D",
+                                               y_range=(-0.1, 1.0), threshold=settings.divergence_threshold,
+                                               **common), key="overview_divergence", width="stretch")
+        st.plotly_chart(fc.distribution_figure(side, "waiting", worst("waiting", True),
+                                               title="Sessions waiting at the sidecar: distribution, the 3 most "
+                                                     "(UTC)", y_title="sessions", tickformat="d", **common),
+                        key="overview_waiting", width="stretch")
     with right:
-        st.plotly_chart(_per_engine(eframe, eng_ids, "kv_usage",
-                                    "Engine KV usage gauge (UTC; excludes idle cached prefixes)", "fraction",
-                                    y_range=(0, 1.05), **common),
-                        key="overview_kv", width="stretch")
-        # at least the pool and a margin, and always the whole line: demand past the pool is the collapse signal
-        peak = 0.0 if frame.empty else float(frame.loc[frame["signal"] == "demand_fraction", "value"].max())
-        peak = peak if math.isfinite(peak) else 0.0  # no demand samples in range: max() is NaN
-        st.plotly_chart(_per_engine(frame, sidecars, "demand_fraction", "KV demand / pool per engine (UTC)",
-                                    "fraction of pool", y_range=(0, max(1.2, 1.05 * peak)), threshold=1.0,
-                                    threshold_label="KV pool", **common),
+        demand = side[side["signal"] == "demand_fraction"]["value"]
+        peak = float(demand.max()) if len(demand) else 0.0
+        st.plotly_chart(fc.distribution_figure(side, "demand_fraction", worst("demand_fraction", True),
+                                               title="KV demand / pool: distribution, the 3 highest (UTC)",
+                                               y_title="fraction of pool", y_range=(0, max(1.2, 1.05 * peak)),
+                                               threshold=1.0, threshold_label="KV pool", tickformat=".0%", **common),
                         key="overview_demand", width="stretch")
+        kv_latest = data.latest(url, tuple(sorted(eng_ids)), ("kv_usage",))
+        kv_known = sorted(((max(v for v in (kv_latest.value(tid, "kv_usage", lab) for lab in kv_latest.labels(tid))
+                                if v is not None), tid) for tid in eng_ids if kv_latest.labels(tid)), reverse=True)
+        kv_worst = [(tid, eng_ids[tid].key) for _v, tid in kv_known[:WORST_N]]
+        st.plotly_chart(fc.distribution_figure(eng, "kv_usage", kv_worst,
+                                               title="Engine KV usage gauge: distribution, the 3 highest (UTC; "
+                                                     "excludes idle cached prefixes)", y_title="fraction", y_range=(0, 1.05),
+                                               tickformat=".0%", **common), key="overview_kv", width="stretch")
+    st.caption("Lines for each engine are on its Engine page. Points a sidecar reported after its engine stopped "
+               "answering are left out (they are frozen, not current).")
 
 
-def _per_engine(frame: pd.DataFrame, names: dict[int, str], signals: str | tuple[str, ...], title: str,
-                y_title: str, *, start: float, end: float, now: float, stale_after: float, max_gap: float,
-                threshold: float | None = None, threshold_label: str | None = None,
-                y_range: tuple[float, float] | None = None) -> go.Figure:
-    palette = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
-    sigs = (signals,) if isinstance(signals, str) else signals
-    fig = go.Figure()
-    for i, (target_id, name) in enumerate(names.items()):
-        part = frame[frame["target_id"] == target_id]
-        for j, signal in enumerate(sigs):
-            label = name if len(sigs) == 1 else f"{name} {charts.LABELS.get(signal, signal)}"
-            trace = charts.signal_line(part, signal, max_gap=max_gap, name=label,
-                                       color=palette[i % len(palette)], dash="dash" if j else None)
-            if trace is not None:
-                fig.add_trace(trace)
-    if threshold is not None:
-        fig.add_hline(y=threshold, line=dict(color="#d62728", dash="dash", width=1),
-                      annotation_text=threshold_label or f"threshold {threshold:g}", annotation_position="top left")
-    fig.update_yaxes(title_text=y_title, range=list(y_range) if y_range else None, rangemode="tozero")
-    charts.add_staleness(fig, None if frame.empty else float(frame["ts"].max()), now, stale_after)
-    fig.update_layout(**{**charts.BASE_LAYOUT, "height": 280}, title=dict(text=title, font=dict(size=14)))
-    fig.update_xaxes(range=[charts.to_time(start), charts.to_time(end)])
-    return fig
+@st.fragment(run_every=settings.refresh_seconds if window.live else None)
+def charts_panel() -> None:
+    now = time.time()
+    try:
+        charts_for(window.moving(data.live_now(settings)), now)
+    except data.DatabaseUnavailable as exc:
+        st.error(str(exc))
 
 
 fleet_panel()
-st.subheader("Charts")
-range_labels = ["15m", "1h", "6h", "24h"]
-chosen = st.query_params.get("range", "15m")
-span_label = st.segmented_control("Time range", range_labels, default=chosen if chosen in range_labels else "15m",
-                                  key="overview_range") or "15m"
-charts_panel(RANGES[span_label])
+st.subheader("Fleet charts")
+charts_panel()

@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str | None, list[str]]] = [
     ("collectors", "prefixops-collectors", ["status", "export-rules"]),
     ("simulator", "prefixops-sim", []),
     ("demo", None, []),
+    ("realengine", None, []),
 ]
 
 HEADER = """# Command-line reference

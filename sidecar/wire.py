@@ -131,9 +131,9 @@ class BacklogDoc(Wire):
     oldest_parked_s: float | None = None
     """Seconds the longest-parked session has been parked; null when none is parked."""
     time_to_admit_s: Percentiles | None = None
-    """Time from a session's arrival (or its park) to its admission, over the recent window."""
+    """How long held turns waited, from their arrival to being forwarded, over the recent window."""
     park_time_s: Percentiles | None = None
-    """How long parks lasted (park to re-admission or end), over the recent window."""
+    """How long parks lasted (park to re-admission, unpark or the session's end), over the recent window."""
 
 
 class TrafficDoc(Wire):

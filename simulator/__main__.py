@@ -1,4 +1,5 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,warning-eval}``; ``--help`` on each."""
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval}``; ``--help``
+on each."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
      "simulator.serve_cli", "add_serve_arguments", "serve_command"),
     ("loadgen", "closed-loop agent sessions (and optional RAG) through the sidecar",
      "simulator.loadgen", "add_arguments", "loadgen_command"),
-    ("run", "one offline run of a scenario under a control",
-     "simulator.experiments", "add_run_arguments", "run_command"),
+    ("run", "one offline run of a scenario under a control (--fit: the cost model fitted to a real engine)",
+     "simulator.fit", "add_run_with_fit_arguments", "run_with_fit_command"),
     ("table3", "pairs and the five controls across seeds (the published table 3)",
      "simulator.experiments", "add_table3_arguments", "table3_command"),
     ("compaction", "rag-storm: request-count compaction trigger vs the compaction gate",
      "simulator.compaction_experiment", "add_compaction_arguments", "compaction_command"),
+    ("live-run", "agent workloads against a real engine through the sidecar, in wall-clock time",
+     "simulator.live_run", "add_arguments", "live_run_command"),
+    ("fit", "probe a real engine and fit the cost model and pool (fit.json)",
+     "simulator.fit", "add_fit_arguments", "fit_command"),
     ("warning-eval", "lead time and false alarms of the collapse-risk warning across the tipping point",
      "simulator.warning_eval", "add_arguments", "command"),
 ]

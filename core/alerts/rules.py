@@ -52,7 +52,7 @@ class RuleSpec:
 
 RULE_SPECS: tuple[RuleSpec, ...] = (
     RuleSpec("target-down", "critical", ("target",), "down_for_s", "up_for_s", ("engine",),
-             "The collectors cannot scrape the target: its last scrapes failed."),
+             "The target cannot be scraped: its last scrapes failed, so its numbers are not current."),
     RuleSpec("stale-data", "warning", ("target",), None, None, ("engine",),
              "The target answers, but no fresh sample has been stored for a while: every page shows old numbers."),
     RuleSpec("thin-reuse", "warning", ("sidecar",), "thin_reuse_for_s", "thin_reuse_clear_s", ("compaction",),

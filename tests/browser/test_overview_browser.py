@@ -42,13 +42,13 @@ def test_overview_shows_the_hit_rate_chart_with_data(dashboard: str) -> None:
         chart = page.locator(".stPlotlyChart, [data-testid='stPlotlyChart']").first
         chart.locator("path.js-line").first.wait_for(state="attached")
         title = chart.locator(".gtitle").text_content() or ""
-        assert "R_t" in title and "R_r" in title
+        assert "R_t across engines" in title
         lines = chart.locator("path.js-line")
         drawn = [lines.nth(i).get_attribute("d") or "" for i in range(lines.count())]
         # plotly simplifies near-collinear runs, so a drawn line has a few segments, not one per sample
-        assert sum(1 for d in drawn if d.count("L") >= 3) >= 4, [d[:80] for d in drawn]
+        assert sum(1 for d in drawn if d.count("L") >= 3) >= 3, [d[:80] for d in drawn]
         legend = chart.locator(".legendtext").all_text_contents()
-        assert {"a R_t", "a R_r", "b R_t", "b R_r"} <= set(legend)
+        assert {"median", "p10-p90 of engines", "a", "b"} <= set(legend)
         table = page.locator("[data-testid='stDataFrame']").first
         assert table.is_visible()
         nav = page.locator("[data-testid='stSidebarNav'] a").all_inner_texts()

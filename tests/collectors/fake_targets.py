@@ -8,7 +8,10 @@ on the same port; `restart()` resets counters and changes process_start_time_sec
 
 `FakeSidecar` serves /state, /sessions, /subtrees, /compaction/decisions and /audit
 (ascending ids, ``after_id``), optionally requiring a viewer token; ``mode="badjson"``
-serves malformed JSON.
+serves malformed JSON. /sessions follows the sidecar's contract: the whole list, or with
+``updated_after`` / ``limit`` / ``cursor`` one page ``{"sessions": [...], "next": CURSOR or
+null}`` in ascending ``(updated_at, id)`` order (``paged=False`` serves the old list form
+only). `wipe()` is a sidecar whose state db was deleted: its logs number from 1 again.
 """
 
 from __future__ import annotations
@@ -198,6 +201,22 @@ class FakeSidecar(_Server):
         self.decisions: list[dict[str, Any]] = []
         self.audit: list[dict[str, Any]] = []
         self.divergence = 0.1
+        self.paged = True
+        now = time.time()
+        for s in self.sessions:
+            s.setdefault("updated_at", now)
+
+    def set_sessions(self, n: int, *, state: str = "admitted", prefix: str = "agent") -> None:
+        """Replace the sessions by `n` fresh ones (updated now)."""
+        now = time.time()
+        self.sessions = [{"id": f"{prefix}-{i}", "state": state, "context_tokens": 1000 + i, "turns": 1,
+                          "manual": False, "pinned": False, "last_cached_fraction": 0.5, "updated_at": now}
+                         for i in range(n)]
+
+    def wipe(self) -> None:
+        """The sidecar restarted with its state db deleted: empty logs whose ids start at 1 again."""
+        self.decisions, self.audit = [], []
+        self.started_at = time.time()
 
     def add_decision(self, decision: str, regime: str = "normal", subtree: str = "sys-a") -> None:
         self.decisions.append({"id": len(self.decisions) + 1, "ts": time.time(), "request_id": "r",
@@ -232,6 +251,22 @@ class FakeSidecar(_Server):
             node[leaf] = value
         return doc
 
+    def sessions_body(self, query: dict[str, list[str]]) -> Any:
+        if not self.paged or not ({"updated_after", "limit", "cursor"} & set(query)):
+            return self.sessions
+        items = sorted(self.sessions, key=lambda s: (s["updated_at"], s["id"]))
+        if "updated_after" in query:
+            bound = float(query["updated_after"][0])
+            items = [s for s in items if s["updated_at"] > bound]
+        if "cursor" in query:
+            ts_text, _, sid = query["cursor"][0].partition(":")
+            after = (float(ts_text), sid)
+            items = [s for s in items if (s["updated_at"], s["id"]) > after]
+        limit = int(query.get("limit", ["1000"])[0])
+        page = items[:limit]
+        more = len(items) > limit
+        return {"sessions": page, "next": f"{page[-1]['updated_at']!r}:{page[-1]['id']}" if more else None}
+
     def handle(self, path: str, query: dict[str, list[str]], headers: Any, mode: str) -> tuple[int, str, bytes]:
         if self.viewer_token and headers.get("Authorization") != f"Bearer {self.viewer_token}":
             return 401, "application/json", b'{"error": "viewer token required"}'
@@ -243,7 +278,7 @@ class FakeSidecar(_Server):
         if path == "/state":
             body: Any = self.state()
         elif path == "/sessions":
-            body = self.sessions
+            body = self.sessions_body(query)
         elif path == "/subtrees":
             body = self.subtrees
         elif path == "/compaction/decisions":

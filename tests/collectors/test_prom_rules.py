@@ -259,3 +259,22 @@ def test_promtool_renders_the_annotations(tmp_path: Path):
     result = run_tool([promtool, "test", "rules", "tests.yml"], tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
+
+
+def test_export_reads_the_fleet_config(tmp_path):
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('dashboard_url = "http://dash.example:8501"\n[alerts]\nadmission_wait_s = 120\n')
+    proc = subprocess.run([sys.executable, "-m", "collectors", "export-rules", "--out", str(tmp_path / "out"),
+                           "--config", str(fleet), "--runbook-base", "https://git.example/prefixops/blob/main/"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    groups = yaml.safe_load((tmp_path / "out" / prom_export.RULES_FILE).read_text())
+    wait = next(r for g in groups["groups"] for r in g["rules"] if r.get("alert") == "PrefixOpsAdmissionWait")
+    assert "> 120" in wait["expr"]
+    assert wait["annotations"]["runbook_url"] == "https://git.example/prefixops/blob/main/docs/runbook.md#admission-wait"
+    assert wait["annotations"]["dashboard_url"] == "http://dash.example:8501/budgeter"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[alerts]\nadmission_wait_s = -1\n")
+    proc = subprocess.run([sys.executable, "-m", "collectors", "export-rules", "--out", str(tmp_path / "x"),
+                           "--config", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "admission_wait_s must not be negative, got -1" in proc.stderr

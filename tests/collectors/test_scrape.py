@@ -158,7 +158,11 @@ def test_sidecar_signals_and_incremental_entries():
     clock.t += 2.0
     second = scraper.scrape(client)
     assert {name: v for _, name, v in second.samples}[sig.TURNS_PER_S] == pytest.approx(1.5)
-    assert second.decisions == [] and second.audit == []  # nothing new: no duplicates
+    # Not committed yet (the writer has not stored `first`): the same entries are read again.
+    assert [d["remote_id"] for d in second.decisions] == [1] and [a["remote_id"] for a in second.audit] == [1]
+    scraper.commit(first)
+    third = scraper.scrape(client)
+    assert third.decisions == [] and third.audit == []  # nothing new: no duplicates
 
 
 def test_sidecar_missing_fields_are_none_not_a_crash():

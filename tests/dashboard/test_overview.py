@@ -1,4 +1,4 @@
-"""AppTest of the Overview page (issue 2 item 4, issue 6 Overview) over a filled database."""
+"""AppTest of the Overview page (issue 2 item 4, issue 6, issue 13 items 1, 2, 9) over a filled database."""
 
 from __future__ import annotations
 
@@ -6,59 +6,109 @@ import time
 
 import pandas as pd
 import pytest
-from sqlalchemy import update
+from sqlalchemy import insert, update
 
 from db import make_engine
-from db.models import CollectorHeartbeat, Target
+from db.models import Alert, CollectorHeartbeat, SidecarState, Target
 from tests.dashboard.apptest import app, figures, texts, traces
 
 
-def test_fleet_table_shows_each_engine_state_with_its_reason(db_url: str) -> None:
+def table_of(at) -> pd.DataFrame:
+    return at.dataframe[0].value.set_index("engine")
+
+
+def test_fleet_table_worst_first_with_cause_next_step_and_counts(db_url: str) -> None:
     at = app()
-    table = at.dataframe[0].value.set_index("engine")
-    assert table.loc["a", "state"] == "COLLAPSED"
-    assert "collapse" in table.loc["a", "why"]
-    assert table.loc["b", "state"] == "healthy"
-    assert table.loc["c", "state"] == "DOWN"
-    assert "ConnectError" in table.loc["c", "why"]
+    table = table_of(at)
+    assert list(table.index) == ["c", "a", "b"]  # DOWN > COLLAPSED > healthy
+    assert list(table["state"]) == ["DOWN", "COLLAPSED", "healthy"]
+    assert "ConnectError" in table.loc["c", "why"] and "Next: check the process" in table.loc["c", "why"]
+    assert "collapse" in table.loc["a", "why"] and "Next: park sessions" in table.loc["a", "why"]
     assert table.loc["a", "R_t"] == pytest.approx(0.1, abs=0.05)
     assert table.loc["a", "R_r"] == pytest.approx(0.9, abs=0.05)
     assert table.loc["a", "open alerts"] == 2
     assert table.loc["a", "parked"] == 12
-    # Engine b's two data-parallel ranks are summed in the row and listed in an expander.
-    assert table.loc["b", "running"] == 16
-    assert any("ranks of engine b" in e.label for e in at.expander)
+    assert table.loc["b", "engine running"] == 16  # two data-parallel ranks summed
+    assert table.loc["a", "open"] == "engine?engine=a"
+    counts = {m.label: m.value for m in at.metric}
+    assert (counts["DOWN"], counts["COLLAPSED"], counts["healthy"], counts["QUEUEING"]) == ("1", "1", "1", "0")
+    assert "Needs attention (2)" in texts(at)
 
 
-def test_hit_rate_chart_plots_r_t_and_r_r_per_engine_with_data(db_url: str) -> None:
+def test_each_target_has_its_own_last_good_scrape(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen engine behind a live sidecar: DOWN, and the engine's own age, not the sidecar's."""
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(update(Target).where(Target.name == "b").values(up=False, last_success_ts=time.time() - 300,
+                                                                     last_error="ReadTimeout"))
+    table = table_of(app())
+    assert table.loc["b", "state"] == "DOWN"
+    assert "engine b not answering: ReadTimeout (its last good scrape 5 min ago)" in table.loc["b", "why"]
+    assert table.loc["b", "engine: last good scrape"] == "5 min ago (DOWN)"
+    assert table.loc["b", "sidecar: last good scrape"].endswith("s ago")
+
+
+def test_sessions_waiting_at_the_sidecar_make_the_engine_queueing(db_url: str) -> None:
+    engine = make_engine(db_url)
+    now = time.time()
+    with engine.begin() as conn:
+        b_side = conn.execute(Target.__table__.select().where(Target.name == "b-sidecar")).first()
+        row = conn.execute(SidecarState.__table__.select().where(SidecarState.target_id == b_side.id)).first()
+        state = dict(row.state, backlog={"admitted": 5, "parked": 0, "waiting": 12, "oldest_waiting_s": 80.0,
+                                         "oldest_parked_s": None})
+        conn.execute(update(SidecarState).where(SidecarState.target_id == b_side.id).values(state=state))
+        conn.execute(insert(Alert).values(rule="admission-wait", target_id=b_side.id, engine_label="",
+                                          severity="warning", state="firing", started_ts=now - 20,
+                                          last_eval_ts=now, summary="queue", values={"oldest_waiting_s": 80.0}))
+    at = app()
+    table = table_of(at)
+    assert table.loc["b", "state"] == "QUEUEING"
+    assert table.loc["b", "waiting at sidecar"] == 12 and table.loc["b", "oldest wait"] == "80 s"
+    assert "12 sessions waiting at the sidecar, the oldest for 80 s" in table.loc["b", "why"]
+    assert "Budgeter page" in table.loc["b", "why"]
+    assert list(table.index) == ["c", "a", "b"]
+
+
+def test_badge_agrees_with_the_numbers_on_its_row(db_url: str) -> None:
+    """The sidecar left thin-reuse (D = 0.15) while the alert still waits out its clear time."""
+    engine = make_engine(db_url)
+    now = time.time()
+    with engine.begin() as conn:
+        b_side = conn.execute(Target.__table__.select().where(Target.name == "b-sidecar")).first()
+        row = conn.execute(SidecarState.__table__.select().where(SidecarState.target_id == b_side.id)).first()
+        state = dict(row.state, reuse=dict(row.state["reuse"], divergence=0.15, regime="normal"))
+        conn.execute(update(SidecarState).where(SidecarState.target_id == b_side.id).values(state=state,
+                                                                                          regime="normal"))
+        conn.execute(insert(Alert).values(rule="thin-reuse", target_id=b_side.id, engine_label="",
+                                          severity="warning", state="firing", started_ts=now - 90,
+                                          last_eval_ts=now, summary="D", values={"divergence": 0.6}))
+    table = table_of(app())
+    assert table.loc["b", "D"] == pytest.approx(0.15)
+    assert table.loc["b", "state"] == "healthy"
+    assert "alert thin-reuse still firing until D = 0.15 stays below its exit threshold" in table.loc["b", "why"]
+
+
+def test_filter_by_name_or_label(db_url: str) -> None:
+    at = app()
+    at.text_input(key="overview_filter").input("b").run()
+    assert list(table_of(at).index) == ["b"]
+    at.text_input(key="overview_filter").input("no-such-engine").run()
+    assert "No engines match the filter." in texts(at)
+
+
+def test_fleet_charts_are_distributions_with_the_worst_on_top(db_url: str) -> None:
     at = app()
     figs = figures(at)
+    assert {"overview_hit_rates", "overview_divergence", "overview_demand", "overview_kv",
+            "overview_waiting"} <= set(figs)
     hit = traces(figs["overview_hit_rates"])
-    assert {"a R_t", "a R_r", "b R_t", "b R_r"} <= set(hit)
-    a_rt = [y for y in hit["a R_t"]["y"] if y is not None]
-    a_rr = [y for y in hit["a R_r"]["y"] if y is not None]
-    assert len(a_rt) > 100 and max(a_rt) < 0.2  # collapsed for the whole last 15 minutes
-    assert min(a_rr) > 0.8
+    assert {"median", "p10-p90 of engines", "a", "b"} <= set(hit)
+    assert "c" not in hit  # c's engine is down: its frozen sidecar numbers are not "the worst now"
+    a_rt = [y for y in hit["a"]["y"] if y is not None]
+    assert a_rt[-1] < 0.2 and max(a_rt) > 0.8  # the last hour holds the collapse 30 minutes ago
+    assert len(hit) <= 3 + 3  # band, median and at most 3 engines: never one line per engine
     divergence = figs["overview_divergence"]
     assert any(s.get("y0") == 0.5 and s.get("y1") == 0.5 for s in divergence["layout"]["shapes"])
-    assert {"overview_kv", "overview_requests", "overview_demand"} <= set(figs)
-
-
-def test_engine_that_stopped_answering_is_drawn_as_stale_data(db_url: str, fill_now: float,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    # Fresh means "newer than a minute before the fill" however long ago the fill ran.
-    monkeypatch.setenv("PREFIXOPS_STALE_SECONDS", str(time.time() - fill_now + 60))
-    at = app()
-    fig = figures(at)["overview_hit_rates"]
-    hit = traces(fig)
-    # Engine c's data stops 10 minutes before now: its line ends there, it is labelled, not bridged.
-    last_c = pd.Timestamp(hit["c R_t"]["x"][-1])
-    last_a = pd.Timestamp(hit["a R_t"]["x"][-1])
-    assert (last_a - last_c).total_seconds() > 9 * 60
-    assert any(a["text"].startswith("c: no data since") for a in fig["layout"]["annotations"])
-    assert not any(a["text"].startswith("a: no data since") for a in fig["layout"]["annotations"])
-    at.segmented_control(key="overview_range").set_value("1h").run()
-    assert len(traces(figures(at)["overview_hit_rates"])["c R_t"]["x"]) > len(hit["c R_t"]["x"])
 
 
 def test_dead_collectors_make_every_engine_stale_and_say_so(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +117,7 @@ def test_dead_collectors_make_every_engine_stale_and_say_so(db_url: str, monkeyp
     with engine.begin() as conn:
         conn.execute(update(CollectorHeartbeat).values(last_beat_ts=time.time() - 600))
     at = app()
-    table = at.dataframe[0].value.set_index("engine")
+    table = table_of(at)
     assert set(table["state"]) == {"STALE"}
     assert "heartbeat is 10 min ago" in table.loc["a", "why"]
     assert any("NOT RUNNING" in e.value for e in at.sidebar.error)
@@ -78,9 +128,9 @@ def test_target_without_recent_scrape_is_stale(db_url: str, monkeypatch: pytest.
     engine = make_engine(db_url)
     with engine.begin() as conn:
         conn.execute(update(Target).where(Target.name == "b").values(last_success_ts=time.time() - 120))
-    table = app().dataframe[0].value.set_index("engine")
+    table = table_of(app())
     assert table.loc["b", "state"] == "STALE"
-    assert "last good scrape 2 min ago" in table.loc["b", "why"]
+    assert "its last good scrape 2 min ago" in table.loc["b", "why"]
 
 
 def test_missing_database_gives_a_clear_message(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

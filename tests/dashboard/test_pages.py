@@ -55,21 +55,45 @@ def test_engine_page_sums_data_parallel_ranks(db_url: str) -> None:
 
 
 def test_engine_page_at_a_moment_from_a_link(db_url: str, fill_now: float) -> None:
-    at = app("engine", engine="a", at=str(int(fill_now - 1800)), range="15m")
-    assert "Showing the moment" in texts(at)
-    x = traces(figures(at)["engine_hit_rates"])["R_t (token-weighted)"]["x"]
+    moment = int(fill_now - 1800 + 30)  # 30 s after the collapse began; alerts fired 30 s and 90 s later
+    at = app("engine", engine="a", at=str(moment), range="15m")
+    text = texts(at).replace("\\", "")  # undo the markdown escaping
+    assert "Showing the moment" in text
+    # The state AT that time, from what was stored then: no collapse alert yet, thin reuse already.
+    assert "State at" in text and "THIN-REUSE" in text and "COLLAPSED" not in text
+    assert "sidecar warning" not in text  # the sidecar's current warnings belong to now
+    fig = figures(at)["engine_hit_rates"]
+    x = traces(fig)["R_t (token-weighted)"]["x"]
     first, last = pd.Timestamp(x[0]).timestamp(), pd.Timestamp(x[-1]).timestamp()
-    assert fill_now - 1800 - 460 < first and last < fill_now - 1800 + 460  # centred on the moment, not live
-    at.button(key="back_to_live").click().run()
+    assert moment - 460 < first and last < moment + 460  # centred on the moment, not live
+    marks = [s for s in fig["layout"]["shapes"] if s.get("line", {}).get("width") == 2 and s["x0"] == s["x1"]]
+    assert len(marks) == 1 and abs(pd.Timestamp(marks[0]["x0"]).timestamp() - moment) < 1
+    at.button(key="engine_back_live").click().run()
     assert "at" not in at.query_params
 
 
 def test_engine_page_time_range_up_to_seven_days(db_url: str) -> None:
     at = app("engine", engine="a", range="7d")
-    assert at.selectbox(key="range_select").value == "7d"
+    assert at.segmented_control(key="engine_range").value == "7d"
     x = traces(figures(at)["engine_hit_rates"])["R_t (token-weighted)"]["x"]
     span = pd.Timestamp(x[-1]) - pd.Timestamp(x[0])
     assert span.total_seconds() > 36 * 3600  # the fill holds two days of rollups
+
+
+def test_one_time_range_shared_by_the_pages_and_pausable(db_url: str) -> None:
+    at = app()
+    at.segmented_control(key="overview_range").set_value("6h").run()
+    assert at.query_params["range"] == "6h"
+    del at.query_params["range"]  # the next page opens without it in its URL
+    at.switch_page("pages/engine.py").run()
+    assert at.segmented_control(key="engine_range").value == "6h"  # follows the Overview's choice
+    at.toggle(key="engine_live").set_value(False).run()
+    paused_to = at.query_params["to"]
+    assert "Paused at" in texts(at)
+    at.run()
+    assert at.query_params["to"] == paused_to  # frozen, not moving with time
+    at.segmented_control(key="engine_range").set_value("custom").run()
+    assert at.query_params["range"] == "custom" and "from" in at.query_params
 
 
 def test_unknown_engine_in_the_link_says_so(db_url: str) -> None:
@@ -127,3 +151,4 @@ def test_audit_page_filters_and_exports_csv(db_url: str) -> None:
 def test_audit_csv_cannot_inject_formulas() -> None:
     data = csv_safe(pd.DataFrame({"session": ["=HYPERLINK(1)", "ok", "-1+2"]}))
     assert pd.read_csv(io.BytesIO(data))["session"].tolist() == ["'=HYPERLINK(1)", "ok", "'-1+2"]
+

@@ -249,7 +249,9 @@ def test_sessions_upsert_and_incremental_entries_without_duplicates(store):
         assert [a["action"] for a in queries.audit(conn)] == ["unpark", "park"]
         assert conn.execute(select(func.count()).select_from(AuditEntry)).scalar() == 2
         assert queries.sidecar_state(conn)[0]["regime"] == "normal"
-    assert store.cursors(SIDECAR_URL) == (1, 2)
+    cursors = store.cursors(SIDECAR_URL)
+    assert (cursors["decisions"].after_id, cursors["audit"].after_id) == (1, 2)
+    assert (cursors["audit"].epoch, cursors["audit"].key, cursors["audit"].ts) == (0, "unpark", T0)
 
 
 def test_dashboard_writes(store):
@@ -314,3 +316,29 @@ def test_target_totals_sum_engine_labels():
     assert e[sig.REQUESTS_RUNNING] == 7.0 and e[sig.POOL_TOKENS] == 4000.0
     assert e[sig.KV_USAGE] == pytest.approx((0.2 * 1000 + 0.6 * 3000) / 4000)
     assert totals["s"][sig.TOKEN_WEIGHTED] == 0.5
+
+
+def test_upgrade_to_log_epochs_keeps_audit_and_decisions(db_url):
+    engine = make_engine(db_url)
+    upgrade(engine, "0002")
+    with engine.begin() as conn:  # what a 0002-era collector had stored
+        conn.execute(text("INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
+                          "consecutive_failures, created_ts) VALUES ('http://s:1', 'sidecar', 'sidecar', 'sidecar', "
+                          "'{}', true, 1.0, true, 0, 1.0)"))
+        tid = conn.execute(text("SELECT id FROM targets")).scalar()
+        conn.execute(text("INSERT INTO audit (source, target_id, remote_id, ts, actor, action, data) "
+                          "VALUES ('sidecar', :t, 7, 5.0, 'op', 'park', '{}')"), {"t": tid})
+        conn.execute(text("INSERT INTO compaction_decisions (target_id, remote_id, ts, decision, data) "
+                          "VALUES (:t, 3, 5.0, 'granted', '{}')"), {"t": tid})
+    upgrade(engine)
+    assert current_revision(engine) == head_revision()
+    with engine.begin() as conn:
+        assert conn.execute(select(AuditEntry.epoch, AuditEntry.remote_id, AuditEntry.action)).all() == [(0, 7, "park")]
+        assert conn.execute(select(CompactionDecision.epoch, CompactionDecision.remote_id)).all() == [(0, 3)]
+        # The same remote id in the next epoch (a wiped sidecar) is a new entry; in the same epoch it is not.
+        conn.execute(AuditEntry.__table__.insert().values(source="sidecar", target_id=tid, epoch=1, remote_id=7,
+                                                          ts=6.0, data={}))
+    with pytest.raises(Exception, match="(?i)unique"), engine.begin() as conn:
+        conn.execute(AuditEntry.__table__.insert().values(source="sidecar", target_id=tid, epoch=1, remote_id=7,
+                                                          ts=7.0, data={}))
+    engine.dispose()

@@ -21,7 +21,7 @@ from sidecar.app import create_app
 from sidecar.control import ControlPlane
 from sidecar.settings import Settings
 from sidecar.store import Store
-from sidecar.stub_engine import StubEngine, serve
+from tests.stubs.stub_engine import StubEngine, serve
 
 OPERATOR = "operator-token-123"
 VIEWER = "viewer-token-456"

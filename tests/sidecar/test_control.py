@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import sidecar.app as sidecar_app
+import sidecar.auth as sidecar_auth
 
 from .conftest import OP_HEADERS, OPERATOR, VIEWER, sidecar
 
@@ -62,7 +62,7 @@ async def test_tokens_are_compared_in_constant_time(tmp_path: Path, monkeypatch:
         seen.append(b)
         return original(a, b)
 
-    monkeypatch.setattr(sidecar_app.hmac, "compare_digest", spy)
+    monkeypatch.setattr(sidecar_auth.hmac, "compare_digest", spy)
     async with sidecar(tmp_path) as h:
         await h.client.put("/control/budgeter", json={"mode": "off"}, headers={"Authorization": "Bearer nope"})
         assert OPERATOR.encode() in seen
@@ -221,6 +221,7 @@ async def test_compaction_requests_follow_warmth_and_regime_and_are_recorded(tmp
         storm_prefix = "p" * 64
         for i in range(40):
             await h.chat(f"storm{i}", system=storm_prefix, content=f"question {i} " + "q" * 400, max_tokens=1)
+        h.cp.tick()  # the regime advances on the clock-driven tick only, never on a read
         state = await h.state()
         assert state["reuse"]["regime"] == "thin-reuse", state["reuse"]
         decided = (await h.client.post("/compaction/requests", json=body)).json()

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sidecar.control import ControlPlane
 from sidecar.settings import Settings
-from sidecar.stub_engine import StubEngine
+from tests.stubs.stub_engine import StubEngine
 
 from .conftest import OP_HEADERS, FakeClock, Harness, settle, sidecar
 

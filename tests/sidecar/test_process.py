@@ -28,7 +28,7 @@ OP = {"Authorization": f"Bearer {OPERATOR}", "X-Actor": "carol"}
 @contextlib.contextmanager
 def stub_engine(*extra: str) -> Iterator[str]:
     port = free_port()
-    with running([PYTHON, "-m", "sidecar.stub_engine", "--port", str(port), *extra], name="stub-engine",
+    with running([PYTHON, "-m", "tests.stubs.stub_engine", "--port", str(port), *extra], name="stub-engine",
                  ready_url=f"http://127.0.0.1:{port}/v1/models"):
         yield f"http://127.0.0.1:{port}"
 

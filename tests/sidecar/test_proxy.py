@@ -13,7 +13,7 @@ import pytest
 from sidecar.app import create_app
 from sidecar.settings import Settings
 from sidecar.store import Store
-from sidecar.stub_engine import StubEngine
+from tests.stubs.stub_engine import StubEngine
 from tests.support import free_port
 
 from .conftest import OP_HEADERS, settle, sidecar
@@ -54,6 +54,8 @@ async def test_non_streaming_chat_is_forwarded_and_measured(tmp_path: Path) -> N
         assert reuse["divergence"] == pytest.approx(0.5 - cached / prompt)
         assert reuse["regime"] == "normal"
         assert state["reuse_last_turns"]["turns"] == 2
+        assert "sessions" not in state and state["backlog"]["total"] == 1  # counts, not every session
+        state = (await h.client.get("/state", params={"include_sessions": "true"})).json()
         [s] = [s for s in state["sessions"] if s["id"] == "s1"]
         assert s["turns"] == 2
         assert s["context_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]

