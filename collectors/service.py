@@ -241,16 +241,6 @@ class Collector:
 
     # ------------------------------------------------------------------ writer
 
-<<<<<<< HEAD
-    def process(self, outcomes: list[ScrapeOutcome]) -> None:
-        """Run the alert rules on the targets the outcomes came from, then store the outcomes (with the
-        collapse-risk score and its inputs' contributions judged at each scrape) and the transitions."""
-        if not outcomes:
-            return
-        transitions = []
-        for o in outcomes:
-            if o.url not in self.scrapers:
-=======
     def process(self, outcomes: list[ScrapeOutcome]) -> WriteResult:
         """Store outcomes (with those a failed write left for retry), then run the alert rules on
         the targets they came from. A failed write is logged in one line and retried with the
@@ -273,10 +263,10 @@ class Collector:
         self.scrapes_done += len(outcomes)
         transitions = self._pending_transitions
         self._pending_transitions = []
+        risk_rows: list[tuple[str, str, str, float, float]] = []
         for o in result.committed:
             scraper = self.scrapers.get(o.url)
             if scraper is None and o.url not in prom:
->>>>>>> main
                 continue
             if isinstance(scraper, SidecarScraper) and o.ok:
                 scraper.commit(o)
@@ -285,15 +275,16 @@ class Collector:
             self._evaluated_ts[o.url] = o.ts
             self._observe(o)
             transitions.extend(self._evaluate(o.url, o.ts))
-<<<<<<< HEAD
-            if o.ok:
-                for (_url, label), assessment in self.evaluator.risk_of(o.url, since=o.ts).items():
-                    o.samples.extend((label, name, value) for name, value in assessment.signals().items())
-        self.store.write(outcomes)
-        self.scrapes_done += len(outcomes)
-        self.store.apply_transitions(transitions, self.config)
-=======
+            if o.ok:  # the collapse risk judged on this scrape: its score and each input's contribution
+                risk_rows.extend((o.url, label, name, o.ts, value)
+                                 for (_url, label), assessment in self.evaluator.risk_of(o.url, since=o.ts).items()
+                                 for name, value in assessment.signals().items())
         self._apply(transitions)
+        if risk_rows:
+            try:
+                self.store.write_derived(risk_rows)
+            except Exception as exc:  # noqa: BLE001 - a lost risk sample is recomputed on the next scrape
+                log.error("storing %d collapse-risk sample(s) failed: %s", len(risk_rows), describe_failure(exc))
         return result
 
     def _keep_for_retry(self, result: WriteResult) -> None:
@@ -340,7 +331,6 @@ class Collector:
     def prom_engines(self) -> dict[str, Any]:
         """Engines read through `kind = "prometheus"` targets, by URL."""
         return {e.url: e for s in self.scrapers.values() if isinstance(s, PromSource) for e in s.engines.values()}
->>>>>>> main
 
     def _evaluate(self, url: str, now: float) -> list[Any]:
         scraper = self.scrapers.get(url)

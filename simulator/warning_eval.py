@@ -229,10 +229,11 @@ def _job(args: tuple[int, int, float]) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=24, help="runs (scenarios in turn, seeds seed-base..)")
-    p.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE)
+    p.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE,
+                   help="first seed (the default is not one of the tuning bases, docs/collapse-risk.md)")
     p.add_argument("--minutes", type=float, default=45.0, help="simulated minutes per run")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="directory for warning.json and warning.md")
 
 
 def markdown(data: dict[str, Any]) -> str:
