@@ -26,6 +26,7 @@ from collectors.config import EngineTarget, SidecarTarget
 from core import engine_metrics as em
 from core import rates
 from core import signals as sig
+from sidecar import wire
 
 
 class ScrapeError(Exception):
@@ -52,6 +53,7 @@ class ScrapeOutcome:
     subtrees: list[dict[str, Any]] | None = None
     sessions_full: bool = True  # False: `sessions` holds only the sessions changed since the last read
     sessions_mark: float | None = None  # the newest `updated_at` read (the sessions cursor once committed)
+    sessions_next: str | None = None  # where a read cut short resumes
     decisions: list[dict[str, Any]] = field(default_factory=list)
     audit: list[dict[str, Any]] = field(default_factory=list)
     decision_epoch: int = 0  # which of the sidecar's logs (a wiped state db starts a new one)
@@ -228,6 +230,7 @@ class SidecarScraper:
         self.clock = clock
         self.cursors: dict[str, LogCursor] = {"decisions": LogCursor(), "audit": LogCursor(), **(cursors or {})}
         self.sessions_mark: float | None = None  # committed; None: the next read is a full listing
+        self.sessions_next: str | None = None  # committed `next` of a read cut short by MAX_PAGES
         self.last_full_ts: float | None = None
         self.prev_turns: float | None = None
         self.prev_ts: float | None = None
@@ -250,15 +253,24 @@ class SidecarScraper:
         return fetch_json(client, self.url + path, timeout_s=self.timeout_s, max_bytes=self.max_page_bytes,
                           headers=self._headers())
 
+    def _typed(self, model: type[wire.Wire], doc: Any, path: str) -> Any:
+        """`doc` unchanged; one warning (per document kind) when it drifts from its wire contract."""
+        if "contract:" + path not in self.checker.warned:
+            problem = docs.contract_problem(model, doc)
+            if problem is not None:
+                self.checker.warn_once("contract:" + path, f"{self.url}{path}: does not match sidecar.wire."
+                                       f"{model.__name__} ({problem}); read field by field")
+        return doc
+
     def _read_log(self, client: httpx.Client, name: str, path: str,
-                  parse: Callable[[Mapping[str, Any]], dict[str, Any] | None],
-                  key: str) -> tuple[int, list[dict[str, Any]]]:
+                  parse: Callable[[Mapping[str, Any]], dict[str, Any] | None], key: str,
+                  model: type[wire.Wire]) -> tuple[int, list[dict[str, Any]]]:
         """(epoch, entries after the committed cursor) of one incremental log."""
         cur = self.cursors[name]
 
         def read(after: int) -> list[dict[str, Any]]:
             docs_ = docs.require_list(self._get(client, f"{path}?after_id={after}"), f"{self.url}{path}")
-            return [r for r in (self.checker.row(parse(d), path) for d in docs_) if r]
+            return [r for r in (self.checker.row(parse(self._typed(model, d, path)), path) for d in docs_) if r]
 
         if cur.after_id <= 0:
             return cur.epoch, [r for r in read(0) if r["remote_id"] > 0]
@@ -274,11 +286,18 @@ class SidecarScraper:
                                "the sidecar's log restarted (state db wiped?); reading its new entries from id 1")
         return cur.epoch + 1, [r for r in read(0) if r["remote_id"] > 0]
 
-    def _read_sessions(self, client: httpx.Client, ts: float) -> tuple[list[dict[str, Any]], bool, float | None]:
-        """(session rows, whether they are the full list, newest updated_at seen)."""
-        mark = self.sessions_mark
-        full = mark is None or self.last_full_ts is None or ts - self.last_full_ts >= self.FULL_EVERY_S
-        query = f"limit={self.PAGE}" if full else f"updated_after={mark - 0.001!r}&limit={self.PAGE}"
+    def _read_sessions(self, client: httpx.Client,
+                       ts: float) -> tuple[list[dict[str, Any]], bool, float | None, str | None]:
+        """(session rows, whether they are the full list, newest updated_at seen, where to resume)."""
+        mark, resume = self.sessions_mark, self.sessions_next
+        full = resume is None and (self.last_full_ts is None or ts - self.last_full_ts >= self.FULL_EVERY_S
+                                   or mark is None)
+        if resume is not None:  # the last read stopped after MAX_PAGES: carry on where it stopped
+            query = f"cursor={quote(resume)}&limit={self.PAGE}"
+        elif full:
+            query = f"limit={self.PAGE}"
+        else:
+            query = f"updated_after={mark!r}&limit={self.PAGE}"
         rows: list[dict[str, Any]] = []
         newest = mark
         for _ in range(self.MAX_PAGES):
@@ -291,7 +310,7 @@ class SidecarScraper:
                 items = docs.require_list(page.get("sessions"), f"{self.url}/sessions: sessions")
                 cursor = page.get("next")
             for d in items:
-                row = self.checker.row(docs.session_row(d), "/sessions")
+                row = self.checker.row(docs.session_row(self._typed(wire.SessionDoc, d, "/sessions")), "/sessions")
                 if row is None:
                     continue
                 rows.append(row)
@@ -299,29 +318,30 @@ class SidecarScraper:
                 if updated is not None and (newest is None or updated > newest):
                     newest = updated
             if not isinstance(cursor, str) or not cursor:
-                return rows, full, newest
+                return rows, full, newest, None
             query = f"cursor={quote(cursor)}&limit={self.PAGE}"
-        return rows, False, newest  # more than MAX_PAGES pages changed: the rest on the next scrape
+        return rows, False, newest, cursor  # more than MAX_PAGES pages changed: the rest on the next scrape
 
     def scrape(self, client: httpx.Client) -> ScrapeOutcome:
         started = time.perf_counter()
         ts = self.clock()
         try:
-            state = dict(docs.require_object(self._get(client, "/state"), f"{self.url}/state"))
+            state = dict(docs.require_object(self._typed(wire.StateDoc, self._get(client, "/state"), "/state"),
+                                             f"{self.url}/state"))
             started_at = docs.started_at(state)
             if started_at is not None and self.prev_started is not None and started_at != self.prev_started:
                 self.sessions_mark = None  # a restarted sidecar: list everything again
-            sessions, full, mark = self._read_sessions(client, ts)
+            sessions, full, mark, resume = self._read_sessions(client, ts)
             subtrees = [r for r in (self.checker.row(docs.subtree_row(d), "/subtrees") for d in
                                     docs.require_list(self._get(client, "/subtrees"), f"{self.url}/subtrees")) if r]
             decision_epoch, decisions = self._read_log(client, "decisions", "/compaction/decisions",
-                                                       docs.decision_row, "decision")
-            audit_epoch, audit = self._read_log(client, "audit", "/audit", docs.audit_row, "action")
+                                                       docs.decision_row, "decision", wire.DecisionDoc)
+            audit_epoch, audit = self._read_log(client, "audit", "/audit", docs.audit_row, "action", wire.AuditEntry)
         except (ScrapeError, docs.SidecarPayloadError) as exc:
             return ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc),
                                  kind="sidecar")
         outcome = self.outcome(state, sessions, subtrees, decisions, audit, ts, started)
-        outcome.sessions_full, outcome.sessions_mark = full, mark
+        outcome.sessions_full, outcome.sessions_mark, outcome.sessions_next = full, mark, resume
         outcome.decision_epoch, outcome.audit_epoch = decision_epoch, audit_epoch
         return outcome
 
@@ -335,8 +355,9 @@ class SidecarScraper:
             last = max(rows, key=lambda r: r["remote_id"])
             self.cursors[name] = LogCursor(epoch, last["remote_id"], last["ts"], last.get(key))
         if outcome.sessions is not None:
-            if outcome.sessions_full:
-                self.last_full_ts = outcome.ts
+            if outcome.sessions_full or (outcome.sessions_next is not None and self.sessions_next is None):
+                self.last_full_ts = outcome.ts  # (a listing too long for one scrape is not restarted)
+            self.sessions_next = outcome.sessions_next
             if outcome.sessions_mark is not None and (self.sessions_mark is None
                                                       or outcome.sessions_mark > self.sessions_mark):
                 self.sessions_mark = outcome.sessions_mark

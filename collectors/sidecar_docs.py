@@ -11,6 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from core import signals as sig
 
 
@@ -47,6 +49,18 @@ def text(value: Any, limit: int = 1000) -> str | None:
     if value is None:
         return None
     return str(value)[:limit]
+
+
+def contract_problem(model: type[BaseModel], doc: Any) -> str | None:
+    """Why `doc` does not match its typed wire contract (`sidecar.wire`), in one line; None if it does.
+    The reader still takes such a document field by field: a drifted field costs that field only."""
+    try:
+        model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "document"
+        return f"{where}: {first.get('msg', 'invalid')} ({exc.error_count()} problem(s))"
+    return None
 
 
 def require_object(doc: Any, what: str) -> Mapping[str, Any]:

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError
 
 from collectors.config import CollectorConfig
+from collectors.failures import describe_failure
 from collectors.rollups import Rollups, merge_rollups, rollup_rows
 from collectors.scrape import LogCursor, ScrapeOutcome
 from collectors.store_sidecar import chunks as _chunks
@@ -59,16 +60,6 @@ def target_specific(exc: BaseException) -> bool:
     return not isinstance(exc, OperationalError)
 
 
-def describe_failure(exc: BaseException) -> str:
-    """One line naming the cause, without the statement or its parameters."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
-        return f"{type(exc.orig).__name__}: {reason}"[:300]
-    if isinstance(exc, SQLAlchemyError):
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-
-
 class Store(Rollups):
     def __init__(self, engine: Engine, *, clock: Callable[[], float] = time.time, name: str = "collectors") -> None:
         self.engine = engine
@@ -88,7 +79,8 @@ class Store(Rollups):
         now = self.clock()
         specs: list[dict[str, Any]] = []
         for e in config.engines:
-            specs.append({"url": e.url, "role": "engine", "configured_kind": e.kind, "name": e.name,
+            specs.append({"url": e.url, "role": "source" if e.kind == "prometheus" else "engine",
+                          "configured_kind": e.kind, "name": e.name,
                           "labels": dict(e.labels), "engine_url": None, "interval_s": config.interval_for(e)})
         for s in config.sidecars:
             specs.append({"url": s.url, "role": "sidecar", "configured_kind": "sidecar", "name": s.name,
@@ -133,7 +125,7 @@ class Store(Rollups):
                                    .where(model.target_id == target_id, model.remote_id.is_not(None))
                                    .order_by(model.epoch.desc(), model.remote_id.desc()).limit(1)).first()
                 out[log_name] = LogCursor() if row is None else LogCursor(
-                    epoch=int(row[0]), after_id=int(row[1]), ts=row[2], key=row[3])
+                    epoch=int(row[0]), after_id=int(row[1] or 0), ts=row[2], key=row[3])
         return out
 
     # ------------------------------------------------------------------ scrape outcomes
@@ -309,12 +301,13 @@ class Store(Rollups):
                     log.warning("alert firing: %s on %s%s: %s", t.rule, url, f" engine {label}" if label else "",
                                 t.summary)
                 else:
-                    alert_id = conn.execute(select(Alert.id).where(Alert.rule == t.rule, Alert.target_id == tid,
-                                                                   Alert.engine_label == label,
-                                                                   Alert.state == "firing")
-                                            .order_by(Alert.started_ts.desc())).scalar()
-                    if alert_id is None:
+                    open_id = conn.execute(select(Alert.id).where(Alert.rule == t.rule, Alert.target_id == tid,
+                                                                  Alert.engine_label == label,
+                                                                  Alert.state == "firing")
+                                           .order_by(Alert.started_ts.desc())).scalar()
+                    if open_id is None:
                         continue
+                    alert_id = open_id
                     conn.execute(update(Alert).where(Alert.id == alert_id)
                                  .values(state="resolved", resolved_ts=t.ts, last_eval_ts=t.ts))
                     log.info("alert resolved: %s on %s%s", t.rule, url, f" engine {label}" if label else "")

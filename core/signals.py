@@ -22,6 +22,10 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
   denominator of ``engine_hit_ratio``, stored so ratios can be summed correctly
   over engine labels (sum the rates, then divide).
 - ``ttft_p50``, ``ttft_p90``, ``ttft_p99``: time to first token, seconds.
+- ``e2e_p50/p90/p99`` (end-to-end request latency), ``itl_p50/p90/p99`` (inter-token latency),
+  ``queue_time_p50/p90/p99`` (time in the engine's queue), seconds; ``prompt_len_p50/p90/p99`` and
+  ``output_len_p50/p90/p99``: prompt and output lengths of the requests finished in the interval,
+  tokens. All from the engine's histograms over the last interval (`core.engine_metrics.histograms`).
 - ``pool_tokens``: KV pool size in tokens.
 
 Sidecar signals (engine label is always ""):
@@ -82,6 +86,8 @@ PREFIX_CACHE_HITS_PER_S: Final = "prefix_cache_hits_per_s"
 TTFT_P50: Final = "ttft_p50"
 TTFT_P90: Final = "ttft_p90"
 TTFT_P99: Final = "ttft_p99"
+SERVING_QUANTILES: Final = tuple(f"{family}_{q}" for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
+                                 for q in ("p50", "p90", "p99"))
 POOL_TOKENS: Final = "pool_tokens"
 
 # Budgeter / backlog (sidecar)
@@ -119,6 +125,7 @@ ENGINE_SIGNALS: Final = (
     ENGINE_HIT_RATIO, KV_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S,
     PROMPT_TOKENS_PER_S, GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S,
     PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
+    *SERVING_QUANTILES,
 )
 SIDECAR_SIGNALS: Final = (
     TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,

@@ -108,7 +108,7 @@ def time_control(settings: Settings, *, key: str) -> TimeWindow:
     if window.at is not None:
         cols = st.columns([5, 1])
         cols[0].info(f"Showing the moment {_utc(window.at):%Y-%m-%d %H:%M:%S} UTC (from a link, marked on the "
-                     f"charts), ±{window.label} / 2: the state at that time, not live.")
+                     f"charts) in a {window.label} window centred on it: the state at that time, not live.")
         if cols[1].button("Back to live", key=f"{key}_back_live"):
             _set_params(at=None, **{"from": None, "to": None})
             st.rerun()

@@ -38,11 +38,13 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from core.environment import setting
 from demo.real_engine import (
     ENGINE_START_TIMEOUT_S,
     DemoEngineError,
     demo_engine_from_env,
     real_engine_service,
+    real_fleet_toml,
 )
 from demo.real_engine import LOADGEN_ARGS as REAL_LOADGEN_ARGS
 
@@ -213,6 +215,7 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
     ]
     if args.engine == "vllm":  # PREFIXOPS_DEMO_ENGINE=vllm: the real engine in place of the simulator
         services[0] = Service("vllm", real.cmd, ready_url=real.ready_url, env=real.env)
+        fleet.write_text(real_fleet_toml(toml))
         services[-1].cmd = [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", "1",
                             *REAL_LOADGEN_ARGS]
     for service in services:
@@ -223,20 +226,21 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("PREFIXOPS_HOST", "127.0.0.1"))
-    parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT", "8000")))
-    parser.add_argument("--sidecar-port", type=int, default=int(os.environ.get("SIDECAR_PORT", "8100")))
-    parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
-    parser.add_argument("--scenario", choices=SCENARIOS, default=os.environ.get("DEMO_SCENARIO", "steady"),
+    # PREFIXOPS_<NAME>, else the unprefixed name of the first releases (core.environment)
+    parser.add_argument("--engine-port", type=int, default=int(setting(os.environ, "ENGINE_PORT") or "8000"))
+    parser.add_argument("--sidecar-port", type=int, default=int(setting(os.environ, "SIDECAR_PORT") or "8100"))
+    parser.add_argument("--dashboard-port", type=int, default=int(setting(os.environ, "DASHBOARD_PORT") or "8501"))
+    parser.add_argument("--scenario", choices=SCENARIOS, default=setting(os.environ, "DEMO_SCENARIO") or "steady",
                         help="steady: healthy traffic (default); collapse: the burst that collapses the engine, "
                              "for an operator to bring back with the budgeter")
-    speed = os.environ.get("DEMO_SPEED")
+    speed = setting(os.environ, "DEMO_SPEED")
     parser.add_argument("--speed", type=float, default=float(speed) if speed else None,
                         help="simulated seconds per wall second for the engine and the load "
                              "(default 4; 10 for the collapse scenario)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the SQLite databases and the processes' logs go "
                              "(default data/; data/collapse for the collapse scenario)")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--database-url", default=setting(os.environ, "DATABASE_URL"),
                         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
     args = parser.parse_args(argv)
     try:

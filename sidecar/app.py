@@ -10,16 +10,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from . import errors, routes_control, routes_read, routes_traffic
 from .auth import Auth
 from .context import Sidecar
 from .control import ControlPlane
+from .control_state import Refused
 from .engine_proxy import EngineProxy
 from .metrics import SidecarCollector
-from .middleware import BodyLimit
+from .middleware import Guard
 from .settings import Settings
 from .store import Store
 
@@ -84,8 +86,15 @@ def create_app(settings: Settings, *, store: Store | None = None,
     )
     app.state.control = cp
     app.state.sidecar = sc
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, control_bytes=settings.control_body_bytes)
+    app.add_middleware(Guard, max_bytes=settings.max_body_bytes, control_bytes=settings.control_body_bytes,
+                       allowed_hosts=settings.hosts(), read_timeout_s=settings.read_timeout_s)
     errors.install(app)
+
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Refused)
+        return errors.error_response(exc.status, exc.kind, str(exc), field=exc.field)
+
+    app.add_exception_handler(Refused, refused)
     app.include_router(routes_traffic.router(sc))
     app.include_router(routes_read.router(sc))
     app.include_router(routes_control.router(sc))

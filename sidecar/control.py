@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,8 +37,9 @@ from core.budgeter import PARKED, SESSION_STATES, ConfigError, UnknownSession
 from core.compaction import CompactionPolicy, SubtreeTracker, Urgency, WarmthConfig, decide_compaction
 from core.reuse import LastTurns, RegimeConfig, RegimeDetector, TimeWindow, normalise_turn
 
-from .control_state import Counters, Deferral, Persistence, SessionExtra
+from .control_state import Counters, Deferral, Persistence, Refused, SessionExtra
 from .control_views import Views
+from .openai_payload import checked_usage
 from .settings import Settings
 from .store import Store
 from .waits import WaitStats
@@ -44,6 +47,10 @@ from .waits import WaitStats
 log = logging.getLogger(__name__)
 
 HELD_STATUS = {"ended": 409, "disconnected": 499, "timeout": 503}
+UNBOUNDED_TOKENS = 2**40  # the range check for engine usage while the pool size is unknown
+
+
+TurnRefused = Refused  # a turn the sidecar will not admit
 
 
 @dataclass
@@ -102,12 +109,31 @@ class ControlPlane(Persistence, Views):
         if store is not None:
             self.decision_counts = store.decision_counts()
         self._request_ids = itertools.count(1)
+        self.store_error: str | None = None
+        self._store_failed_at = -math.inf
+        self._usage_warned_at = -math.inf
         self.admission_waits = WaitStats()  # held turns: arrival to forwarding
         self.park_durations = WaitStats()  # park to re-admission, unpark or end
         self._parked_since: dict[str, float] = {
             s.id: s.parked_since for s in self.budgeter.sessions() if s.state == PARKED and s.parked_since is not None}
 
     # ------------------------------------------------------------ turn API
+    def bound_turn(self, ticket: TurnTicket) -> None:
+        """No single request's demand above the high band (issue 11 item 3): a prompt larger than the band
+        is refused (TurnRefused, 400), an output budget is clamped to the room left under the band."""
+        pool = self.budgeter.pool_tokens
+        if pool is None:
+            return
+        high = int(self.budgeter.config.high * pool)
+        if ticket.prompt_estimate > high:
+            raise TurnRefused(400, "request_too_large",
+                              f"the prompt (about {ticket.prompt_estimate} tokens) is larger than the high band "
+                              f"({high} of the {pool}-token KV pool): it cannot be admitted", field="messages")
+        budget = self.budgeter.config.default_output_budget if ticket.output_budget is None \
+            else ticket.output_budget
+        if budget > high - ticket.prompt_estimate:
+            ticket.output_budget = high - ticket.prompt_estimate
+
     async def admit(self, ticket: TurnTicket, disconnected: Callable[[], Awaitable[Any]]) -> str:
         """Admission of a session's turn: ``"forward"`` now or after a hold, else why not (``"ended"``,
         ``"disconnected"``, ``"timeout"``; counted per endpoint)."""
@@ -148,7 +174,13 @@ class ControlPlane(Persistence, Views):
             return
         ticket.finished = True
         self.in_flight -= 1
-        prompt, cached, completion = usage
+        prompt, cached, completion, problem = checked_usage(*usage, self.budgeter.pool_tokens or UNBOUNDED_TOKENS)
+        if problem is not None:
+            self.counters.usage_rejected += 1
+            now = self.clock()
+            if now - self._usage_warned_at > 60:
+                self._usage_warned_at = now
+                log.warning("engine usage ignored (%d so far): %s", self.counters.usage_rejected, problem)
         if ok and prompt is None:
             # A success without usage (an engine that reports none): the turn counts, its cache use is
             # unknown, and the prompt size is the estimate.
@@ -167,12 +199,26 @@ class ControlPlane(Persistence, Views):
     def request_turn(self, session_id: str, prompt_tokens: int, output_budget: int | None) -> str:
         self._dirty = True
         now = self.clock()
+        if session_id not in self.updated and len(self.updated) >= self.settings.max_sessions:
+            self._evict_one(now)
         self.updated[session_id] = now
         parked = self.budgeter.counts()[PARKED]
         decision = self.budgeter.request_turn(session_id, now, prompt_tokens, output_budget)
         if decision == "hold" and self.budgeter.counts()[PARKED] > parked:  # parked at its turn boundary
             self._parked(session_id, now)
         return decision
+
+    def _evict_one(self, now: float) -> None:
+        """At --max-sessions: end the session idle the longest (reason ``evicted``), or refuse (503)."""
+        idle = [s for s in self.budgeter.sessions() if s.inflight == 0 and not s.held
+                and not (s.state == PARKED and s.manual) and s.id not in self._held]
+        if not idle:
+            raise TurnRefused(503, "too_many_sessions", f"the sidecar tracks its maximum of "
+                              f"{self.settings.max_sessions} sessions and none is idle; retry later")
+        oldest = min(idle, key=lambda s: (s.last_activity, s.id))
+        self.end_session(oldest.id, "evicted")
+        log.warning("session %r evicted (idle %.0f s): --max-sessions %d reached", oldest.id,
+                    now - oldest.last_activity, self.settings.max_sessions)
 
     def _parked(self, session_id: str, now: float) -> None:
         if session_id not in self._parked_since:
@@ -354,11 +400,17 @@ class ControlPlane(Persistence, Views):
     def audit(self, actor: str, role: str, action: str, params: Any, before: Any, after: Any) -> int:
         if self.store is None:
             return 0
-        return self.store.append_audit(self.clock(), actor, role, action, params, before, after)
+        try:
+            return self.store.append_audit(self.clock(), actor, role, action, params, before, after)
+        except sqlite3.Error as exc:  # rare: check_writable passed a moment ago
+            self.store_failed(exc)
+            log.error("audit entry lost: %s by %s %r: %s", action, role, actor, params)
+            return 0
 
     def update_budgeter(self, changes: dict[str, Any], actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.budgeter_settings()
-        new = self.budgeter.config.replace(**changes)  # ConfigError propagates: nothing changed
+        new = self.budgeter.config.replace(**changes)  # ConfigError first: a bad value is a 422 either way
+        self.check_writable()  # Refused (503) when it could not be persisted: nothing changed
         self.budgeter.set_config(new)
         after = self.budgeter_settings()
         self._dirty = True
@@ -370,6 +422,7 @@ class ControlPlane(Persistence, Views):
 
     def park(self, session_id: str, actor: str, role: str, reason: str | None = None) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)  # UnknownSession propagates
+        self.check_writable()
         self.budgeter.park(session_id, self.clock(), manual=True)
         self._parked(session_id, self.clock())
         self.touch(session_id)
@@ -386,6 +439,7 @@ class ControlPlane(Persistence, Views):
 
     def unpark(self, session_id: str, pin: bool, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)
+        self.check_writable()
         had_held = self.budgeter.unpark(session_id, self.clock(), pin=pin)
         self._park_ended(session_id, self.clock(), unparked=True)
         self.touch(session_id)
@@ -400,6 +454,7 @@ class ControlPlane(Persistence, Views):
 
     def delete_session(self, session_id: str, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)
+        self.check_writable()
         record = self.end_session(session_id, "deleted")
         assert record is not None
         self.persist_session(session_id)
@@ -408,6 +463,7 @@ class ControlPlane(Persistence, Views):
 
     def defer_compaction(self, until: float, reason: str, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.compaction_state()
+        self.check_writable()
         self.deferral = Deferral(until=until, reason=reason, actor=actor, since=self.clock())
         self._persist_deferral()
         after = self.compaction_state()
@@ -416,6 +472,7 @@ class ControlPlane(Persistence, Views):
 
     def allow_compaction(self, actor: str, role: str, reason: str = "") -> tuple[dict[str, Any], int]:
         before = self.compaction_state()
+        self.check_writable()
         self.deferral = None
         self._persist_deferral()
         after = self.compaction_state()
@@ -437,7 +494,12 @@ class ControlPlane(Persistence, Views):
             "warm": d.warm, "recent_hits": d.recent_hits, "recent_cached_tokens": d.recent_cached_tokens,
             "token_weighted": window.token_weighted, "divergence": window.divergence,
         } for d in decisions]
-        ids = self.store.append_decisions(rows) if self.store is not None else [0] * len(rows)
+        ids = [0] * len(rows)
+        if self.store is not None:
+            try:
+                ids = self.store.append_decisions(rows)
+            except sqlite3.Error as exc:  # fail open: the decisions are answered, not recorded
+                self.store_failed(exc)
         for row, row_id in zip(rows, ids, strict=True):
             row["id"] = row_id
             key = (row["decision"], urgency)

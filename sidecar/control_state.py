@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,16 @@ from .settings import Settings
 from .store import Store
 
 log = logging.getLogger(__name__)
+
+STORE_RETRY_S = 5.0  # after a failed write, the periodic persist retries this often
+
+
+class Refused(ValueError):
+    """A request the control plane refuses; ``status``, ``kind`` and ``field`` say how to answer it."""
+
+    def __init__(self, status: int, kind: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.field = status, kind, field
 
 @dataclass
 class SessionExtra:
@@ -61,6 +72,7 @@ class Counters:
     known_cached_tokens: int = 0  # cached tokens of known turns (R_t numerator)
     parks: int = 0  # automatic and manual
     unparks: int = 0  # re-admissions of parked sessions and manual unparks
+    usage_rejected: int = 0  # engine usage reports out of range (ignored)
 
     def request(self, endpoint: str, outcome: str) -> None:
         key = (endpoint, outcome)
@@ -103,6 +115,8 @@ class Persistence:
     _last_persist: float
     _persisted: dict[str, tuple[Any, ...]]
     _persisted_config: dict[str, Any] | None
+    store_error: str | None
+    _store_failed_at: float
 
     # ------------------------------------------------------------ restore
     def _default_config(self) -> BudgeterConfig:
@@ -152,30 +166,63 @@ class Persistence:
 
     # -------------------------------------------------------- persistence
     def persist(self, force: bool = False) -> None:
+        """Write what changed since the last write. A store that cannot be written (disk full, locked)
+        does not stop anything: the error is kept for /healthz and the write retried later."""
         if self.store is None:
             return
         now = self.clock()
         if not force and (not self._dirty or now - self._last_persist < self.settings.persist_every_s):
             return
+        if not force and self.store_error is not None and now - self._store_failed_at < STORE_RETRY_S:
+            return
         # Only what changed since the last write: a control action on one of 2,000 sessions writes one row.
         config = self.budgeter.config.to_dict()
-        if config != self._persisted_config:
-            self.store.put("budgeter_config", config, now)
-            self._persisted_config = config
         upserts = []
-        seen = set()
+        keys = {}
         for s in self.budgeter.sessions():
-            seen.add(s.id)
             key = self._session_key(s)
+            keys[s.id] = key
             if self._persisted.get(s.id) != key:
                 upserts.append((s.id, vars(s)))
-                self._persisted[s.id] = key
-        deletes = [sid for sid in self._persisted if sid not in seen]
+        deletes = [sid for sid in self._persisted if sid not in keys]
+        try:
+            if config != self._persisted_config:
+                self.store.put("budgeter_config", config, now)
+            self.store.write_sessions(upserts, deletes)
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
+            return
+        self.store_ok()
+        self._persisted_config = config
+        for sid, _ in upserts:
+            self._persisted[sid] = keys[sid]
         for sid in deletes:
             del self._persisted[sid]
-        self.store.write_sessions(upserts, deletes)
         self._dirty = False
         self._last_persist = now
+
+    def store_failed(self, exc: BaseException) -> None:
+        message = f"state store {self.settings.state_db} cannot be written: {type(exc).__name__}: {exc}"
+        if message != self.store_error:
+            log.error("%s; traffic keeps flowing, control changes are refused until it can be written", message)
+        self.store_error = message
+        self._store_failed_at = self.clock()
+
+    def store_ok(self) -> None:
+        if self.store_error is not None:
+            log.warning("state store %s writable again", self.settings.state_db)
+        self.store_error = None
+
+    def check_writable(self) -> None:
+        """Before a control change: refuse it (503 not_persisted) when the store cannot be written."""
+        if self.store is None:
+            return
+        try:
+            self.store.probe(self.clock())
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
+            raise Refused(503, "not_persisted", f"{self.store_error}: the change was not applied") from None
+        self.store_ok()
 
     def persist_session(self, session_id: str) -> None:
         """Write one session's row (and the config) now: a control action must survive a SIGKILL."""
@@ -183,15 +230,19 @@ class Persistence:
             return
         now = self.clock()
         config = self.budgeter.config.to_dict()
-        if config != self._persisted_config:
-            self.store.put("budgeter_config", config, now)
-            self._persisted_config = config
-        if session_id in self.budgeter:
-            s = self.budgeter.session(session_id)
-            self._persisted[session_id] = self._session_key(s)
-            self.store.write_sessions([(session_id, vars(s))], [])
-        elif self._persisted.pop(session_id, None) is not None:
-            self.store.write_sessions([], [session_id])
+        try:
+            if config != self._persisted_config:
+                self.store.put("budgeter_config", config, now)
+                self._persisted_config = config
+            if session_id in self.budgeter:
+                s = self.budgeter.session(session_id)
+                self.store.write_sessions([(session_id, vars(s))], [])
+                self._persisted[session_id] = self._session_key(s)
+            elif session_id in self._persisted:
+                self.store.write_sessions([], [session_id])
+                del self._persisted[session_id]
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
 
     @staticmethod
     def _session_key(s: Any) -> tuple[Any, ...]:
@@ -204,5 +255,8 @@ class Persistence:
         d = self.deferral
         value = None if d is None else {"deferred_until": d.until, "reason": d.reason, "actor": d.actor,
                                         "since": d.since}
-        self.store.put("compaction", value or {"deferred_until": None}, self.clock())
+        try:
+            self.store.put("compaction", value or {"deferred_until": None}, self.clock())
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
 

@@ -61,7 +61,7 @@ def router(sc: Sidecar) -> APIRouter:
         return JSONResponse(json_safe({"sessions": page,
                                        "next": None if last is None else f"{last[0]!r}:{last[1]}"}))
 
-    @api.get("/sessions/{session_id}", dependencies=viewer, response_model=SessionDoc)
+    @api.get("/sessions/{session_id:path}", dependencies=viewer, response_model=SessionDoc)
     async def session(session_id: SessionIdPath) -> JSONResponse:
         try:
             return JSONResponse(json_safe(cp.session_doc(session_id)))

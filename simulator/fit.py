@@ -8,9 +8,9 @@ model) and writes ``fit.json``:
   least squares of ``t = T0 + alpha*n + beta*n^2/2`` (the simulator's
   attention-aware prefill of a chunk starting at 0, simulator/config.py
   ``CostModel``);
-* **decode step** against batch: ``B`` concurrent streams of a fixed context,
-  the median gap between tokens in the middle of the streams, for several
-  ``B``; least squares of ``step = T0 + gamma * sum(ctx)`` (``T0`` is the
+* **decode step** against batch: ``B`` concurrent requests of a fixed context
+  answered with 72 and then with 8 tokens (``ignore_eos``); the difference of
+  the two times over 64 steps, for several ``B``; least squares of ``step = T0 + gamma * sum(ctx)`` (``T0`` is the
   intercept here: the per-step overhead);
 * **pool**: ``vllm:cache_config_info`` (``kv_cache_size_tokens``,
   ``block_size``) from the engine's /metrics.
@@ -32,7 +32,6 @@ import asyncio
 import json
 import random
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -116,24 +115,22 @@ class Prober:
         return {"prompt_tokens": usage["prompt_tokens"], "cached_tokens":
                 (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0, "seconds": dt}
 
-    async def stream(self, client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int) -> list[float]:
-        stamps: list[float] = []
-        body = {"model": self.model, "messages": messages, "max_tokens": tokens, "ignore_eos": True, "stream": True}
-        async with client.stream("POST", f"{self.engine}/v1/chat/completions", json=body, timeout=600) as r:
-            r.raise_for_status()
-            async for line in r.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    stamps.append(time.perf_counter())
-        return stamps
+    async def complete(self, client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int) -> float:
+        body = {"model": self.model, "messages": messages, "max_tokens": tokens, "ignore_eos": True}
+        t0 = time.perf_counter()
+        r = await client.post(f"{self.engine}/v1/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        return time.perf_counter() - t0
 
-    async def decode(self, client: httpx.AsyncClient, batch: int, ctx: int, tokens: int) -> dict[str, float]:
-        prompts = [self.prompt(ctx) for _ in range(batch)]
-        runs = await asyncio.gather(*[self.stream(client, p, tokens) for p in prompts])
-        gaps: list[float] = []
-        for stamps in runs:
-            mid = stamps[len(stamps) // 4: 3 * len(stamps) // 4]
-            gaps += [b - a for a, b in zip(mid, mid[1:], strict=False)]
-        return {"batch": batch, "ctx": ctx + 10, "step_s": statistics.median(gaps) if gaps else float("nan")}
+    async def decode(self, client: httpx.AsyncClient, batch: int, ctx: int, short: int, long: int) -> dict[str, float]:
+        """Step time at ``batch``: B requests at once, answered with ``long`` then ``short`` tokens (fresh prompts
+        both times); the difference of the slowest answers over ``long - short`` steps cancels their prefill."""
+        times = {}
+        for tokens in (long, short):
+            prompts = [self.prompt(ctx) for _ in range(batch)]
+            times[tokens] = max(await asyncio.gather(*[self.complete(client, p, tokens) for p in prompts]))
+        return {"batch": batch, "ctx": ctx + 10 + (long + short) // 2,
+                "step_s": max(0.0, (times[long] - times[short]) / (long - short))}
 
 
 async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
@@ -144,12 +141,12 @@ async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
         await p.prefill(client, 64)  # warm-up
         sizes = [128, 512, 1024, 2048, 4096] + ([] if quick else [8192])
         prefills = []
-        for n in sizes:
-            for _ in range(2):
-                prefills.append(await p.prefill(client, n))
+        for n in sizes:  # the median of three: the machine is shared
+            runs = [await p.prefill(client, n) for _ in range(3)]
+            prefills.append(sorted(runs, key=lambda r: r["seconds"])[1])
         decodes = []
         for batch in (1, 2, 4, 8):
-            decodes.append(await p.decode(client, batch, 1024, 48))
+            decodes.append(await p.decode(client, batch, 1024, 8, 72))
     return {"metrics": metrics, "prefills": prefills, "decodes": decodes, "model": p.model}
 
 

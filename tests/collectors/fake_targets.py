@@ -32,6 +32,8 @@ class _Server:
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.requests = 0
+        self.bytes_sent = 0
+        self.paths: list[str] = []
         self.mode = "ok"
         self.slow_s = 5.0
         self._conns: set[Any] = set()
@@ -67,6 +69,8 @@ class _Server:
                     status, ctype, body = owner.handle(parts.path, parse_qs(parts.query), self.headers, mode)
                 except Exception as exc:  # pragma: no cover - shows up as a 500 in the collector
                     status, ctype, body = 500, "text/plain", repr(exc).encode()
+                owner.bytes_sent += len(body)
+                owner.paths.append(self.path)
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))

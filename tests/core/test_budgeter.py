@@ -158,6 +158,14 @@ def test_failed_turn_leaves_context_unchanged():
     assert (s.context_tokens, s.turns, s.inflight_prompt) == (5_100, 1, 0)
 
 
+def test_failed_turn_takes_its_output_budget_out_of_demand():
+    b = budgeter()
+    b.request_turn("a", 0.0, 5_000, 10**12)
+    assert b.demand_tokens() == 5_000 + 10**12
+    b.turn_finished("a", 1.0, 0, 0, ok=False)
+    assert b.demand_tokens() == 0 and b.session("a").output_budget == 0
+
+
 def test_no_pool_means_token_bands_do_not_act():
     b = Budgeter(BudgeterConfig(), pool_tokens=None)
     for i in range(50):

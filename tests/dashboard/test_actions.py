@@ -21,11 +21,18 @@ Handler = Callable[[httpx.Request], httpx.Response]
 class Recorder:
     """A fake sidecar control API: records requests, answers with `respond`."""
 
-    def __init__(self, respond: Handler | None = None) -> None:
-        self.requests: list[httpx.Request] = []
+    def __init__(self, respond: Handler | None = None, state: dict | None = None) -> None:
+        self.requests: list[httpx.Request] = []  # control requests
+        self.reads: list[httpx.Request] = []  # GET /state: the read-back after a change
         self.respond = respond or (lambda request: httpx.Response(200, json={"ok": True}))
+        self.state = state
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == "/state":
+            self.reads.append(request)
+            if self.state is not None:
+                return httpx.Response(200, json=self.state)
+            return self.respond(request)
         self.requests.append(request)
         return self.respond(request)
 
@@ -214,7 +221,7 @@ def test_no_operator_token_sends_nothing(db_url: str, monkeypatch: pytest.Monkey
 def test_token_comes_from_the_collectors_config_per_sidecar(db_url: str, tmp_path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "prefixops.toml"
-    config.write_text('[[sidecar]]\nurl = "http://127.0.0.1:18100"\noperator_token = "per-sidecar-token"\n')
+    config.write_text('[[sidecars]]\nurl = "http://127.0.0.1:18100"\noperator_token = "per-sidecar-token"\n')
     monkeypatch.setenv("PREFIXOPS_CONFIG", str(config))
     recorder = Recorder().install()
     at = _park(sign_in(app(engine="a")), ["agent-010"])

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import httpx
 import pytest
 
 from core.runs import judge_run
-from simulator.live_run import arrival_times
 from simulator.agent import SERIES_FIELDS
+from simulator.live_run import arrival_times
 from simulator.offline import run_scenario, scenario_config
 from tests.support import PYTHON, REPO, free_port, running
 
@@ -39,7 +40,7 @@ def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
              "--operator-token", token, "--out", str(tmp_path / "run")],
             cwd=REPO, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-3000:]
-        audit = subprocess.run(["curl", "-s", f"{sidecar}/audit"], capture_output=True, text=True).stdout
+        audit = httpx.get(f"{sidecar}/audit", timeout=10).text
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert set(SERIES_FIELDS) <= set(run["series"])
     assert len(run["series"]["t"]) == 30
