@@ -136,6 +136,15 @@ class Store(Rollups):
         self._sessions.clear()
         self._subtrees.clear()
 
+    def retention(self, raw_retention_s: float, rollup_retention_s: float, now: float | None = None,
+                  *, keep_alerts_s: float | None = None) -> tuple[int, int]:
+        """`Rollups.retention`; it deletes old session and subtree rows, so their cached ids go too."""
+        try:
+            return super().retention(raw_retention_s, rollup_retention_s, now, keep_alerts_s=keep_alerts_s)
+        finally:
+            self._sessions.clear()
+            self._subtrees.clear()
+
     def _series_ids(self, conn: Connection, keys: set[tuple[int, str, str]]) -> None:
         missing = [k for k in keys if k not in self._series]
         if not missing:

@@ -154,6 +154,10 @@ def test_wiped_sidecar_log_is_read_again_in_a_new_epoch(tmp_path):
             rig.tick(2)
             assert rig.audit_ids() == [(0, 1, "a1"), (0, 2, "a2"), (0, 3, "a3")] + [
                 (1, i + 1, f"new-{i}") for i in range(5)]
+            with rig.db.connect() as conn:  # and the audit says so, once per log
+                notes = conn.execute(select(AuditEntry.action, AuditEntry.params).where(
+                    AuditEntry.source == "collector")).all()
+            assert [tuple(n) for n in notes] == [("sidecar-log-restarted", {"log": "audit", "epoch": 1})]
             rig.restart()  # resumes in the new epoch: nothing twice
             sidecar.add_audit("later")
             rig.tick(2)
