@@ -21,6 +21,12 @@ Scenarios (``--scenario``):
   Budgeter page to ``budgeter-park`` brings it back within a few simulated
   minutes. It keeps its own data directory (``data/collapse``) so its history
   and its sidecar state do not mix with the steady demo's.
+- ``rag``: the offline ``rag-storm`` preset live (``loadgen --rag-preset``): retrieval
+  traffic over document sets, a storm of heterogeneous retrievals that puts the
+  sidecar in the thin-reuse regime and leaves it afterwards (repeating), and the
+  compaction job asking the sidecar's gate, whose decisions show on the Compaction
+  page. No agent sessions: their well-reused tokens would hide the storm. Its data
+  directory is ``data/rag``.
 """
 
 from __future__ import annotations
@@ -150,8 +156,8 @@ collapse_eval_every_s = {max(1.0, d.collapse_eval_every_s / speed):g}
 """
 
 
-SCENARIOS = ("steady", "collapse")
-DEFAULT_SPEED = {"steady": 4.0, "collapse": 10.0}
+SCENARIOS = ("steady", "collapse", "rag")
+DEFAULT_SPEED = {"steady": 4.0, "collapse": 10.0, "rag": 4.0}
 
 
 def burst_preset() -> AgentWorkload:
@@ -165,6 +171,8 @@ def loadgen_args(scenario: str, speed: float) -> list[str]:
     """The load generator's arguments for ``scenario`` (arrival rates are per wall second)."""
     if scenario == "steady":
         return []
+    if scenario == "rag":
+        return rag_loadgen_args(speed)
     a = burst_preset()
     return ["--sessions-per-s", f"{a.arrival_rate * speed:g}", "--max-sessions", "10000",
             "--turns", str(a.turns), "--initial-context", str(a.initial_context),
@@ -172,6 +180,15 @@ def loadgen_args(scenario: str, speed: float) -> list[str]:
             "--tool-latency", f"{a.tool_latency_mean:g}",
             "--burst-at", f"{a.burst_start_min * 60 / speed:g}", "--burst-seconds", f"{a.burst_minutes * 60 / speed:g}",
             "--burst-rate", f"{a.burst_rate * speed:g}"]
+
+
+def rag_loadgen_args(speed: float) -> list[str]:
+    """The rag scenario: the rag-storm preset (simulator/rag_traffic.py); the storm comes back after twice its lead."""
+    from simulator.offline import scenario_config
+
+    r = scenario_config("rag-storm").rag
+    every = (2 * r.storm_start_min + r.storm_minutes) * 60 / speed
+    return ["--sessions-per-s", "0", "--rag-preset", "--rag-storm-every", f"{every:g}"]
 
 
 def set_control_mode(sidecar: str, token: str, mode: str) -> None:
@@ -255,7 +272,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dashboard-port", type=int, default=int(setting(os.environ, "DASHBOARD_PORT") or "8501"))
     parser.add_argument("--scenario", choices=SCENARIOS, default=setting(os.environ, "DEMO_SCENARIO") or "steady",
                         help="steady: healthy traffic (default); collapse: the burst that collapses the engine, "
-                             "for an operator to bring back with the budgeter")
+                             "for an operator to bring back with the budgeter; rag: the compaction storm "
+                             "(thin reuse and the gate's decisions)")
     speed = setting(os.environ, "DEMO_SPEED")
     parser.add_argument("--speed", type=float, default=float(speed) if speed else None,
                         help="simulated seconds per wall second for the engine and the load "
@@ -282,7 +300,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.speed <= 0:
         parser.error(f"--speed must be > 0, got {args.speed:g}")
     if args.data_dir is None:
-        args.data_dir = REPO / "data" / ("collapse" if args.scenario == "collapse" else "")
+        args.data_dir = REPO / "data" / ("" if args.scenario == "steady" else args.scenario)
     args.data_dir = args.data_dir.resolve()
     return args
 
@@ -294,6 +312,17 @@ def engine_label(args: argparse.Namespace) -> str:
 def scenario_note(args: argparse.Namespace) -> str:
     if args.scenario == "steady":
         return "Demo traffic is flowing through the sidecar. "
+    if args.scenario == "rag":
+        from simulator.offline import scenario_config
+
+        r = scenario_config("rag-storm").rag
+        start, length = r.storm_start_min * 60 / args.speed, r.storm_minutes * 60 / args.speed
+        return f"""Scenario: rag. Retrieval traffic over {r.doc_sets} document sets, and a compaction job asking the
+  sidecar's gate every {r.compaction_every} requests. A storm of heterogeneous retrievals starts in about
+  {start:.0f} s and lasts {length:.0f} s (then again every {(2 * start + length):.0f} s): the Compaction page shows the
+  thin-reuse regime (R_r stays ~0.9 while R_t falls to ~0.1) and the gate deferring the warm document sets,
+  then the regime ending after the storm.
+"""
     a = burst_preset()
     extra = round(a.burst_rate * a.burst_minutes * 60)
     return f"""Scenario: collapse. The sidecar's control mode is off. A burst of about {extra} extra agent sessions

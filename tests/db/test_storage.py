@@ -254,6 +254,16 @@ def test_sessions_upsert_and_incremental_entries_without_duplicates(store):
     assert (cursors["audit"].epoch, cursors["audit"].key, cursors["audit"].ts) == (0, "unpark", T0)
 
 
+def test_a_session_deleted_by_retention_can_come_back(store):
+    store.write([sidecar_outcome(T0, [session("s1", "ended")])])
+    store.retention(3600.0, 86400.0, now=T0 + 10 * 86400.0)  # ended long ago: the row is deleted
+    with store.engine.connect() as conn:
+        assert queries.sessions(conn, present_only=False) == []
+    store.write([sidecar_outcome(T0 + 10 * 86400.0, [session("s1", "admitted", 700)])])  # the id is used again
+    with store.engine.connect() as conn:
+        assert [(s["session_id"], s["context_tokens"]) for s in queries.sessions(conn)] == [("s1", 700)]
+
+
 def test_dashboard_writes(store):
     with store.engine.connect() as conn:
         queries.record_dashboard_action(conn, actor="alice", action="park", target_url=SIDECAR_URL,
