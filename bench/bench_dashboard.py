@@ -90,19 +90,22 @@ def engine_page_times(url: str, engine: str, ranges: list[str], runs: int, end_t
     return results
 
 
-def overview_times(urls: dict[str, str], runs: int) -> dict[str, Any]:
-    """Cold (caches cleared) and warm full runs of the Overview per database; the first is the baseline."""
+def overview_times(urls: dict[str, tuple[str, float]], runs: int) -> dict[str, Any]:
+    """Cold (caches cleared) and warm full runs of the Overview per database (url, its newest sample's time),
+    the last hour paused at that time; the first database is the baseline."""
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
     results: dict[str, Any] = {}
-    for label, url in urls.items():
+    for label, (url, end_ts) in urls.items():
         os.environ.update({"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "1e9",
                            "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9"})
         cold, cold_cpu, warm = [], [], []
         rows = traces = 0
         for _ in range(runs):
             at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+            at.query_params["range"] = "1h"
+            at.query_params["to"] = f"{end_ts:.0f}"
             at.run()
             st.cache_data.clear()
             started, cpu = time.perf_counter(), time.process_time()
@@ -260,12 +263,13 @@ def main(argv: list[str] | None = None) -> int:
                                                   float(info["end_ts"]))
         result["engine_page_queries_ms"] = query_times(url, args.runs)
     if not args.skip_overview:
-        build_bench_db(url, engines=2, sidecars=2)
+        base = build_bench_db(url, engines=2, sidecars=2)
         fleet_url = f"sqlite:///{Path(args.fleet_db).resolve()}"
-        build_bench_db(fleet_url, engines=args.fleet_engines, sidecars=args.fleet_engines, raw_hours=1.0,
-                       rollup_days=1.0)
-        result["overview"] = overview_times({"2 engines (baseline)": url,
-                                             f"{args.fleet_engines} engines": fleet_url}, args.runs)
+        fleet = build_bench_db(fleet_url, engines=args.fleet_engines, sidecars=args.fleet_engines, raw_hours=1.0,
+                               rollup_days=1.0)
+        result["overview"] = overview_times({"2 engines (baseline)": (url, float(base["end_ts"])),
+                                             f"{args.fleet_engines} engines": (fleet_url, float(fleet["end_ts"]))},
+                                            args.runs)
     if not args.skip_freshness:
         result["freshness"] = freshness(args.trials)
     OUT.mkdir(parents=True, exist_ok=True)

@@ -138,6 +138,15 @@ class Store(Rollups):
         self._sessions.clear()
         self._subtrees.clear()
 
+    def retention(self, raw_retention_s: float, rollup_retention_s: float, now: float | None = None,
+                  *, keep_alerts_s: float | None = None) -> tuple[int, int]:
+        """`Rollups.retention`; it deletes old session and subtree rows, so their cached ids go too."""
+        try:
+            return super().retention(raw_retention_s, rollup_retention_s, now, keep_alerts_s=keep_alerts_s)
+        finally:
+            self._sessions.clear()
+            self._subtrees.clear()
+
     def _series_ids(self, conn: Connection, keys: set[tuple[int, str, str]]) -> None:
         missing = [k for k in keys if k not in self._series]
         if not missing:
@@ -188,6 +197,22 @@ class Store(Rollups):
                 result.failed.extend(group)
                 result.causes.append(f"{url}: {describe_failure(exc)}")
         return result
+
+    def write_derived(self, rows: Sequence[tuple[str, str, str, float, float]]) -> None:
+        """Store signals the collectors compute themselves (the collapse risk), one transaction:
+        ``(target URL, engine label, signal, ts, value)``. Raises on failure (the caller logs it)."""
+        samples = [((self.target_ids[url], label, name), ts, float(value)) for url, label, name, ts, value in rows
+                   if url in self.target_ids and math.isfinite(value)]
+        if not samples:
+            return
+        try:
+            with self.engine.begin() as conn:
+                self._series_ids(conn, {k for k, _, _ in samples})
+                dedup = {(self._series[k], ts): value for k, ts, value in samples}
+                conn.execute(insert(Sample), [{"series_id": sid, "ts": ts, "value": v} for (sid, ts), v in dedup.items()])
+        except BaseException:
+            self._forget()
+            raise
 
     def _transaction(self, outcomes: Sequence[ScrapeOutcome]) -> None:
         try:

@@ -62,6 +62,15 @@ def insert_entries(conn: Connection, model: Any, tid: int, rows: list[dict[str, 
              for rid, r in by_id.items() if rid not in have]
     if model is AuditEntry:
         fresh = [dict(r, source="sidecar") for r in fresh]
+    if fresh and epoch > 0 and conn.execute(select(model.id).where(model.target_id == tid, model.epoch == epoch)
+                                            .limit(1)).first() is None:
+        # The first entry of a restarted log: say so in the audit, where operators look.
+        log_name = "audit" if model is AuditEntry else "compaction decisions"
+        conn.execute(insert(AuditEntry).values(
+            source="collector", target_id=tid, epoch=epoch, remote_id=None, ts=ts, actor="collectors",
+            action="sidecar-log-restarted", params={"log": log_name, "epoch": epoch},
+            outcome=f"the sidecar's {log_name} log restarted at id 1 (state db wiped?): new entries kept as "
+                    f"epoch {epoch}", data={}))
     if fresh:
         conn.execute(insert(model), fresh)
 

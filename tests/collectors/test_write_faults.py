@@ -154,6 +154,10 @@ def test_wiped_sidecar_log_is_read_again_in_a_new_epoch(tmp_path):
             rig.tick(2)
             assert rig.audit_ids() == [(0, 1, "a1"), (0, 2, "a2"), (0, 3, "a3")] + [
                 (1, i + 1, f"new-{i}") for i in range(5)]
+            with rig.db.connect() as conn:  # and the audit says so, once per log
+                notes = conn.execute(select(AuditEntry.action, AuditEntry.params).where(
+                    AuditEntry.source == "collector")).all()
+            assert [tuple(n) for n in notes] == [("sidecar-log-restarted", {"log": "audit", "epoch": 1})]
             rig.restart()  # resumes in the new epoch: nothing twice
             sidecar.add_audit("later")
             rig.tick(2)
@@ -260,7 +264,7 @@ def test_full_disk_with_10000_sessions_orphans_and_crosswires_nothing(kind, tmp_
                         assert r.signal in sig.ENGINE_SIGNALS + sig.TARGET_SIGNALS, r
                     else:
                         assert r.target_id == sidecar_id and r.engine_label == "", r
-                        assert r.signal in sig.SIDECAR_SIGNALS + sig.TARGET_SIGNALS, r
+                        assert r.signal in sig.SIDECAR_SIGNALS + sig.RISK_SIGNALS + sig.TARGET_SIGNALS, r
                 for key, values in expected.items():
                     assert seen.get(key) == values, (key, seen.get(key))
                 assert seen[(engine_id, sig.UP)] == {1.0} and seen[(sidecar_id, sig.UP)] == {1.0}

@@ -254,6 +254,16 @@ def test_sessions_upsert_and_incremental_entries_without_duplicates(store):
     assert (cursors["audit"].epoch, cursors["audit"].key, cursors["audit"].ts) == (0, "unpark", T0)
 
 
+def test_a_session_deleted_by_retention_can_come_back(store):
+    store.write([sidecar_outcome(T0, [session("s1", "ended")])])
+    store.retention(3600.0, 86400.0, now=T0 + 10 * 86400.0)  # ended long ago: the row is deleted
+    with store.engine.connect() as conn:
+        assert queries.sessions(conn, present_only=False) == []
+    store.write([sidecar_outcome(T0 + 10 * 86400.0, [session("s1", "admitted", 700)])])  # the id is used again
+    with store.engine.connect() as conn:
+        assert [(s["session_id"], s["context_tokens"]) for s in queries.sessions(conn)] == [("s1", 700)]
+
+
 def test_dashboard_writes(store):
     with store.engine.connect() as conn:
         queries.record_dashboard_action(conn, actor="alice", action="park", target_url=SIDECAR_URL,
@@ -348,8 +358,8 @@ def test_upgrade_to_turns_keeps_data_and_turns_are_stored_once_and_pruned_with_r
     from db.models import Turn
 
     engine = make_engine(db_url)
-    upgrade(engine, "0003_epochs")
-    with engine.begin() as conn:  # what a 0003-era collector had stored
+    upgrade(engine, "0004")
+    with engine.begin() as conn:  # what a 0004-era collector had stored
         conn.execute(text("INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
                           "consecutive_failures, created_ts) VALUES ('http://sidecar:8100', 'sidecar', 'sidecar', "
                           "'sidecar', '{}', true, 1.0, true, 0, 1.0)"))

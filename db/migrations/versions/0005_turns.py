@@ -3,8 +3,8 @@
 One row per turn read from a sidecar's GET /turns, keyed by (target, log epoch, remote id) like
 the audit and decision logs; indexed by time and by (session, time). No prompt content.
 
-Revision ID: 0004_turns
-Revises: 0003_epochs
+Revision ID: 0005_turns
+Revises: 0004
 Create Date: 2026-12-01 14:50:00
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_turns"
-down_revision = "0003_epochs"
+revision = "0005_turns"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
