@@ -41,17 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     raise_fd_limit()
     from .app import create_app
+    from .server import protocol_for, serve
 
     try:
-        app = create_app(settings)
+        protocol = protocol_for(settings)
+        app = create_app(settings, body_deadline=protocol is None)
     except Exception as exc:  # e.g. an unreadable state db path: one line, no traceback
         print(f"sidecar: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     log.info("sidecar for %s on http://%s:%d (state db %s)", settings.engine, settings.host, settings.port,
              settings.state_db)
-    from .server import serve
-
-    serve(app, settings)
+    serve(app, settings, protocol)
     return 0
 
 

@@ -30,14 +30,23 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from core.budgeter import PARKED, SESSION_STATES, ConfigError, UnknownSession
 from core.compaction import CompactionPolicy, SubtreeTracker, Urgency, WarmthConfig, decide_compaction
 from core.reuse import LastTurns, RegimeConfig, RegimeDetector, TimeWindow, normalise_turn
 
-from .control_state import Counters, Deferral, Persistence, Refused, SessionExtra
+from .control_state import (
+    HELD_STATUS,
+    UNBOUNDED_TOKENS,
+    Counters,
+    Deferral,
+    Persistence,
+    Refused,
+    SessionExtra,
+    TurnRefused,
+    TurnTicket,
+)
 from .control_views import Views
 from .openai_payload import checked_usage
 from .settings import Settings
@@ -45,28 +54,6 @@ from .store import Store
 from .waits import WaitStats
 
 log = logging.getLogger(__name__)
-
-HELD_STATUS = {"ended": 409, "disconnected": 499, "timeout": 503}
-UNBOUNDED_TOKENS = 2**40  # the range check for engine usage while the pool size is unknown
-
-
-TurnRefused = Refused  # a turn the sidecar will not admit
-
-
-@dataclass
-class TurnTicket:
-    """One proxied completion request, from admission to its finish."""
-
-    path: str
-    session_id: str | None
-    subtree: str | None
-    prompt_estimate: int
-    output_budget: int | None
-    end_session: bool = False
-    request_id: str = ""
-    started: float = 0.0
-    finished: bool = False
-
 
 class ControlPlane(Persistence, Views):
     def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time) -> None:
@@ -373,29 +360,6 @@ class ControlPlane(Persistence, Views):
             self._persist_deferral()
         self.persist()
 
-    def set_pool(self, tokens: int | None, kind: str | None, error: str | None) -> None:
-        if self.settings.pool_tokens is not None:
-            self.engine_kind = kind or self.engine_kind
-            return
-        if tokens is not None:
-            if tokens != self.budgeter.pool_tokens:
-                log.info("KV pool: %d tokens (%s)", tokens, kind)
-            self.budgeter.set_pool(tokens)
-            self.pool_source = "engine"
-            self.pool_error = None
-            self.engine_kind = kind
-        else:
-            if self.budgeter.pool_tokens is None:
-                self.pool_error = error
-            else:
-                # Keep the last known pool: a missed scrape must not switch the budgeter off.
-                self.pool_error = f"{error} (keeping the last known pool size)"
-
-    def engine_failed(self, message: str) -> None:
-        self.counters.engine_errors += 1
-        self.engine_error = message
-        self.engine_error_at = self.clock()
-
     # --------------------------------------------------------- operator
     def audit(self, actor: str, role: str, action: str, params: Any, before: Any, after: Any) -> int:
         if self.store is None:
@@ -510,4 +474,5 @@ class ControlPlane(Persistence, Views):
 
 
 
-__all__ = ["ControlPlane", "SESSION_STATES", "UnknownSession", "ConfigError"]
+__all__ = ["ControlPlane", "SESSION_STATES", "UnknownSession", "ConfigError", "HELD_STATUS", "Refused", "TurnRefused",
+           "TurnTicket"]

@@ -1,5 +1,7 @@
-"""The control plane's records (session extras, deferral, counters) and its persistence to the
-state store: restore at start, write what changed, write one session at once after a control action."""
+"""The control plane's records (session extras, deferral, counters, turn tickets), its persistence
+to the state store (restore at start, write what changed, write one session at once after a control
+action; fail open when the store cannot be written) and what it knows of the engine (pool size,
+errors)."""
 
 from __future__ import annotations
 
@@ -78,6 +80,30 @@ class Counters:
         key = (endpoint, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
 
+
+
+HELD_STATUS = {"ended": 409, "disconnected": 499, "timeout": 503}
+UNBOUNDED_TOKENS = 2**40  # the range check for engine usage while the pool size is unknown
+
+
+
+
+@dataclass
+class TurnTicket:
+    """One proxied completion request, from admission to its finish."""
+
+    path: str
+    session_id: str | None
+    subtree: str | None
+    prompt_estimate: int
+    output_budget: int | None
+    end_session: bool = False
+    request_id: str = ""
+    started: float = 0.0
+    finished: bool = False
+
+
+TurnRefused = Refused  # a turn the sidecar will not admit
 
 
 class Persistence:
@@ -260,3 +286,26 @@ class Persistence:
         except sqlite3.Error as exc:
             self.store_failed(exc)
 
+    # ------------------------------------------------------------ engine
+    def set_pool(self, tokens: int | None, kind: str | None, error: str | None) -> None:
+        if self.settings.pool_tokens is not None:
+            self.engine_kind = kind or self.engine_kind
+            return
+        if tokens is not None:
+            if tokens != self.budgeter.pool_tokens:
+                log.info("KV pool: %d tokens (%s)", tokens, kind)
+            self.budgeter.set_pool(tokens)
+            self.pool_source = "engine"
+            self.pool_error = None
+            self.engine_kind = kind
+        else:
+            if self.budgeter.pool_tokens is None:
+                self.pool_error = error
+            else:
+                # Keep the last known pool: a missed scrape must not switch the budgeter off.
+                self.pool_error = f"{error} (keeping the last known pool size)"
+
+    def engine_failed(self, message: str) -> None:
+        self.counters.engine_errors += 1
+        self.engine_error = message
+        self.engine_error_at = self.clock()

@@ -4,7 +4,8 @@
 2. Content type: a request with a body must say ``application/json`` (or ``+json``), else 415;
    a browser's cross-site form post (``text/plain``, form encoded) never reaches a route.
 3. Body limit and read deadline: bodies over ``--max-body-bytes`` (``/v1/*``) or 64 KiB (everything
-   else) get 413, a body not received within ``--read-timeout`` gets 408. Control bodies are read
+   else) get 413, a body not received within ``--read-timeout`` gets 408 (under ``python -m sidecar``
+   the server's protocol closes such connections instead, so proxied reads cost no timer). Control bodies are read
    whole here, so a chunked oversize body gets the documented 413, not a parse error.
 """
 
@@ -40,12 +41,13 @@ def is_json(content_type: bytes) -> bool:
 
 class Guard:
     def __init__(self, app: ASGIApp, max_bytes: int, control_bytes: int, allowed_hosts: frozenset[str],
-                 read_timeout_s: float = math.inf) -> None:
+                 read_timeout_s: float = math.inf, proxied_deadline: bool = True) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.control_bytes = control_bytes
         self.allowed_hosts = allowed_hosts
         self.read_timeout_s = read_timeout_s
+        self.proxied_deadline = proxied_deadline  # False when the server bounds reads (no timer per read)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,15 +96,22 @@ class Guard:
             return
         received = 0
 
+        bounded = self.proxied_deadline
+
         async def limited_receive() -> Message:
-            nonlocal received
-            try:
-                with anyio.fail_after(max(0.0, deadline - time.monotonic())):
-                    message = await receive()
-            except TimeoutError:
-                raise ApiError(408, "request_timeout", f"request body not received within "
-                               f"{self.read_timeout_s:g} s (--read-timeout)", field="body") from None
+            nonlocal received, bounded
+            if bounded:
+                try:
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        message = await receive()
+                except TimeoutError:
+                    raise ApiError(408, "request_timeout", f"request body not received within "
+                                   f"{self.read_timeout_s:g} s (--read-timeout)", field="body") from None
+            else:
+                message = await receive()
             if message["type"] == "http.request":
+                if not message.get("more_body", False):
+                    bounded = False  # the body is in: later reads wait for a disconnect, unbounded
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise ApiError(413, "body_too_large", f"request body exceeds the limit of {limit} bytes",

@@ -1,10 +1,10 @@
 """The uvicorn server of ``python -m sidecar``, with a request-read timeout (``--read-timeout``).
 
-uvicorn has no limit on how long a client may take to send a request head, so 600 slowloris
+uvicorn has no limit on how long a client may take to send a request, so 600 slowloris
 connections stay open forever. `read_timeout_protocol` wraps uvicorn's httptools protocol: a
-connection whose request head is not complete within the timeout (from the connection, or from
-the first byte of the next request on a kept-alive one) is closed. A slow *body* is cut by the
-Guard middleware with a 408. With ``--http h11`` only the body deadline applies.
+connection whose request (head and body) is not complete within the timeout (from the connection,
+or from the first byte of the next request on a kept-alive one) is closed. One timer per request,
+no cost per read. With ``--http h11`` the Guard middleware bounds bodies instead (408).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def read_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol] | None:
         def _expired(self) -> None:
             self._head_timer = None
             if not self.transport.is_closing():
-                log.info("closing a connection from %s: no complete request head within %g s (--read-timeout)",
+                log.info("closing a connection from %s: no complete request within %g s (--read-timeout)",
                          self.client, timeout_s)
                 self.transport.close()
 
@@ -54,9 +54,9 @@ def read_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol] | None:
             super().on_message_begin()
             self._arm()
 
-        def on_headers_complete(self) -> None:
+        def on_message_complete(self) -> None:
             self._disarm()
-            super().on_headers_complete()
+            super().on_message_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -65,16 +65,19 @@ def read_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol] | None:
     return ReadTimeoutProtocol
 
 
-def serve(app: Any, settings: Settings) -> None:
-    http: Any = settings.http
-    if settings.http in ("auto", "httptools"):
-        protocol = read_timeout_protocol(settings.read_timeout_s)
-        if protocol is not None:
-            http = protocol
-        elif settings.http == "httptools":
-            raise RuntimeError("--http httptools: httptools is not installed")
-    if http == "h11":
+def protocol_for(settings: Settings) -> type[asyncio.Protocol] | None:
+    """The read-timeout protocol when uvicorn would use httptools; None with h11."""
+    if settings.http not in ("auto", "httptools"):
         log.warning("--http h11: --read-timeout bounds request bodies only, not request heads")
+        return None
+    protocol = read_timeout_protocol(settings.read_timeout_s)
+    if protocol is None and settings.http == "httptools":
+        raise RuntimeError("--http httptools: httptools is not installed")
+    return protocol
+
+
+def serve(app: Any, settings: Settings, protocol: type[asyncio.Protocol] | None) -> None:
+    http: Any = protocol if protocol is not None else settings.http
     config = uvicorn.Config(app, host=settings.host, port=settings.port, workers=1,
                             log_level=settings.log_level.lower(), access_log=settings.access_log,
                             timeout_graceful_shutdown=5, backlog=4096, timeout_keep_alive=75, loop=settings.loop,

@@ -329,3 +329,41 @@ async def test_an_open_sidecar_lets_clients_end_their_sessions(tmp_path: Path) -
         await h.chat("s1")
         r = await h.client.delete("/sessions/s1")
         assert r.status_code == 200 and r.json()["session"]["end_reason"] == "deleted"
+
+
+async def test_a_held_turn_outlives_the_read_timeout(tmp_path: Path) -> None:
+    """The read deadline covers receiving the request, not the hold that follows it."""
+    async with sidecar(tmp_path, pool_tokens=100_000, read_timeout_s=0.2) as h:
+        await h.chat("s1")
+        await h.client.post("/control/sessions/s1/park", headers=OP_HEADERS)
+        async with anyio.create_task_group() as tg:
+            result: list[int] = []
+
+            async def turn() -> None:
+                result.append((await h.chat("s1")).status_code)
+
+            tg.start_soon(turn)
+            await anyio.sleep(0.6)
+            assert h.cp.held_requests == 1
+            await h.client.post("/control/sessions/s1/unpark", headers=OP_HEADERS)
+        assert result == [200]
+
+
+def test_a_slow_body_is_cut_by_the_server(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    from .test_process import sidecar_process, stub_engine
+
+    with stub_engine() as engine, sidecar_process(engine, tmp_path / "s.db", "--read-timeout", "1") as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"model\": ")
+        started = time.monotonic()
+        try:
+            data = s.recv(1)
+        except ConnectionError:
+            data = b""
+        assert data == b"" and time.monotonic() - started < 8
+        s.close()

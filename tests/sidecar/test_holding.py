@@ -60,7 +60,7 @@ async def test_parked_at_the_next_turn_boundary_never_mid_turn(tmp_path: Path) -
         await h.chat("s1", max_tokens=100)
         results = Results()
         async with anyio.create_task_group() as tg:
-            results.spawn(tg, h, "s1", max_tokens=100, headers={"x-stub-delay-ms": "150"})
+            results.spawn(tg, h, "s1", max_tokens=100, headers={"x-stub-delay-ms": "1500"})
             await settle(lambda: h.cp.in_flight == 1, "s1 in flight")
             # the operator lowers the bands: s1 is far above the high band now
             r = await h.client.put("/control/budgeter", headers=OP_HEADERS, json={"low": 0.01, "high": 0.02})
