@@ -265,6 +265,7 @@ class Collector:
         self.scrapes_done += len(outcomes)
         transitions = self._pending_transitions
         self._pending_transitions = []
+        risk_rows: list[tuple[str, str, str, float, float]] = []
         for o in result.committed:
             scraper = self.scrapers.get(o.url)
             if scraper is None and o.url not in prom:
@@ -276,7 +277,16 @@ class Collector:
             self._evaluated_ts[o.url] = o.ts
             self._observe(o)
             transitions.extend(self._evaluate(o.url, o.ts))
+            if o.ok:  # the collapse risk judged on this scrape: its score and each input's contribution
+                risk_rows.extend((o.url, label, name, o.ts, value)
+                                 for (_url, label), assessment in self.evaluator.risk_of(o.url, since=o.ts).items()
+                                 for name, value in assessment.signals().items())
         self._apply(transitions)
+        if risk_rows:
+            try:
+                self.store.write_derived(risk_rows)
+            except Exception as exc:  # noqa: BLE001 - a lost risk sample is recomputed on the next scrape
+                log.error("storing %d collapse-risk sample(s) failed: %s", len(risk_rows), describe_failure(exc))
         return result
 
     def _keep_for_retry(self, result: WriteResult) -> None:

@@ -196,6 +196,22 @@ class Store(Rollups):
                 result.causes.append(f"{url}: {describe_failure(exc)}")
         return result
 
+    def write_derived(self, rows: Sequence[tuple[str, str, str, float, float]]) -> None:
+        """Store signals the collectors compute themselves (the collapse risk), one transaction:
+        ``(target URL, engine label, signal, ts, value)``. Raises on failure (the caller logs it)."""
+        samples = [((self.target_ids[url], label, name), ts, float(value)) for url, label, name, ts, value in rows
+                   if url in self.target_ids and math.isfinite(value)]
+        if not samples:
+            return
+        try:
+            with self.engine.begin() as conn:
+                self._series_ids(conn, {k for k, _, _ in samples})
+                dedup = {(self._series[k], ts): value for k, ts, value in samples}
+                conn.execute(insert(Sample), [{"series_id": sid, "ts": ts, "value": v} for (sid, ts), v in dedup.items()])
+        except BaseException:
+            self._forget()
+            raise
+
     def _transaction(self, outcomes: Sequence[ScrapeOutcome]) -> None:
         try:
             with self.engine.begin() as conn:

@@ -47,6 +47,13 @@ Sidecar signals (engine label is always ""):
 - ``time_to_admit_p50``, ``time_to_admit_p95``, ``park_time_p50``, ``park_time_p95``:
   seconds, over the sidecar's recent window.
 
+Collapse risk (`core.risk`), computed by the collectors from the signals above and stored on the
+key it was judged for (the sidecar's, or a bare engine's label):
+
+- ``collapse_risk``: the score in [0, 1].
+- ``risk_<input>``: each input's contribution to it (``risk_kv_demand``, ``risk_missed_prefill``, ...;
+  the inputs are listed in `core.risk`), so the pages can show the leading inputs over time.
+
 Per-target signals written by the collector itself for every target:
 
 - ``up`` (1 or 0) and ``scrape_duration_s``.
@@ -101,6 +108,15 @@ TIME_TO_ADMIT_P95: Final = "time_to_admit_p95"
 PARK_TIME_P50: Final = "park_time_p50"
 PARK_TIME_P95: Final = "park_time_p95"
 
+# Collapse risk (core.risk): the score, and a prefix + input name for each input's contribution
+COLLAPSE_RISK: Final = "collapse_risk"
+RISK_PREFIX: Final = "risk_"
+RISK_INPUT_SIGNALS: Final = tuple(RISK_PREFIX + name for name in (
+    "kv_demand", "demand_trend", "session_flow", "missed_prefill", "rt_trend",
+    "kv_usage", "queue", "queue_growth", "preemptions", "hit_trend", "throughput",
+))
+RISK_SIGNALS: Final = (COLLAPSE_RISK, *RISK_INPUT_SIGNALS)
+
 # Collector bookkeeping
 UP: Final = "up"
 SCRAPE_DURATION_S: Final = "scrape_duration_s"
@@ -118,7 +134,7 @@ SIDECAR_SIGNALS: Final = (
     PARK_TIME_P50, PARK_TIME_P95,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
-ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + TARGET_SIGNALS))
+ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + RISK_SIGNALS + TARGET_SIGNALS))
 
 # Signals whose meaning is a sum over engine labels (summing ratios would be wrong).
 ADDITIVE_SIGNALS: Final = frozenset({

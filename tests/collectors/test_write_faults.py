@@ -264,7 +264,7 @@ def test_full_disk_with_10000_sessions_orphans_and_crosswires_nothing(kind, tmp_
                         assert r.signal in sig.ENGINE_SIGNALS + sig.TARGET_SIGNALS, r
                     else:
                         assert r.target_id == sidecar_id and r.engine_label == "", r
-                        assert r.signal in sig.SIDECAR_SIGNALS + sig.TARGET_SIGNALS, r
+                        assert r.signal in sig.SIDECAR_SIGNALS + sig.RISK_SIGNALS + sig.TARGET_SIGNALS, r
                 for key, values in expected.items():
                     assert seen.get(key) == values, (key, seen.get(key))
                 assert seen[(engine_id, sig.UP)] == {1.0} and seen[(sidecar_id, sig.UP)] == {1.0}
