@@ -49,6 +49,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
             if error:
                 log.warning("%s", error)
             cp.set_pool(tokens, kind, error)
+            cp.set_context_length(await engine.context_length())
             await asyncio.sleep(settings.pool_refresh_s)
 
     async def tick_loop() -> None:

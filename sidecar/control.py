@@ -89,10 +89,12 @@ class ControlPlane(Persistence, Views, TurnTracing):
         self._persisted: dict[str, tuple[Any, ...]] = {}
         self._persisted_config: dict[str, Any] | None = None
         self.restored = False
+        self.context_length: int | None = None  # the engine's max_model_len, read with the pool size
         self.budgeter = self._restore_budgeter()
         self._restore_deferral()
         if settings.pool_tokens is not None:
             self.budgeter.set_pool(settings.pool_tokens)
+            self.cap_demand()
             self.pool_source = "flag"
         if store is not None:
             self.decision_counts = store.decision_counts()
@@ -109,7 +111,12 @@ class ControlPlane(Persistence, Views, TurnTracing):
     # ------------------------------------------------------------ turn API
     def bound_turn(self, ticket: TurnTicket) -> None:
         """No single request's demand above the high band (issue 11 item 3): a prompt larger than the band
-        is refused (TurnRefused, 400), an output budget is clamped to the room left under the band."""
+        is refused (TurnRefused, 400); an output budget is clamped to the engine's context length and to
+        the room left under the band."""
+        budget = self.budgeter.config.default_output_budget if ticket.output_budget is None \
+            else ticket.output_budget
+        if self.context_length is not None and budget > self.context_length - ticket.prompt_estimate:
+            ticket.output_budget = budget = max(0, self.context_length - ticket.prompt_estimate)
         pool = self.budgeter.pool_tokens
         if pool is None:
             return
@@ -118,8 +125,6 @@ class ControlPlane(Persistence, Views, TurnTracing):
             raise TurnRefused(400, "request_too_large",
                               f"the prompt (about {ticket.prompt_estimate} tokens) is larger than the high band "
                               f"({high} of the {pool}-token KV pool): it cannot be admitted", field="messages")
-        budget = self.budgeter.config.default_output_budget if ticket.output_budget is None \
-            else ticket.output_budget
         if budget > high - ticket.prompt_estimate:
             ticket.output_budget = high - ticket.prompt_estimate
 
