@@ -8,7 +8,11 @@
    Ranges 24 h and 7 d, ending at the database's newest sample (targets: <= 300 ms each), with 15 min as the baseline measured
    in the same run. Medians of `--runs` runs, wall time and the process's CPU time (the
    latter is what an idle machine would take; the machines here are shared and noisy).
-2. **Freshness**: a stub vLLM `/metrics` (a capture from tests/fixtures with
+2. **Overview at fleet scale** (issue 13): one full cold script run of the Overview (counts by state,
+   the fleet table worst first, five distribution charts) over `--fleet-engines` engines and as many
+   sidecars (`build_bench_db.py --engines N --sidecars N --raw-hours 1 --rollup-days 1`), against the
+   2-engine database as the baseline measured in the same run (target: <= 2 s at 200 engines).
+3. **Freshness**: a stub vLLM `/metrics` (a capture from tests/fixtures with
    `vllm:num_requests_waiting` set by the bench), the real collectors (`python -m
    collectors`, 1 s interval) and `streamlit run app.py` (default 2 s refresh), the
    Overview open in Debian's Chromium. Each trial sets a new value at the engine and
@@ -16,6 +20,7 @@
 
     .venv/bin/python bench/bench_dashboard.py            # both; prints JSON, writes bench/out/dashboard.json
     .venv/bin/python bench/bench_dashboard.py --skip-freshness --runs 7
+    .venv/bin/python bench/bench_dashboard.py --skip-freshness --skip-build-time   # the Overview only
 """
 
 from __future__ import annotations
@@ -82,6 +87,44 @@ def engine_page_times(url: str, engine: str, ranges: list[str], runs: int, end_t
     base = results[ranges[0]]["cold_ms_median"]
     for label in ranges:
         results[label]["cold_vs_baseline"] = round(results[label]["cold_ms_median"] / base, 2) if base else None
+    return results
+
+
+def overview_times(urls: dict[str, tuple[str, float]], runs: int) -> dict[str, Any]:
+    """Cold (caches cleared) and warm full runs of the Overview per database (url, its newest sample's time),
+    the last hour paused at that time; the first database is the baseline."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    results: dict[str, Any] = {}
+    for label, (url, end_ts) in urls.items():
+        os.environ.update({"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "1e9",
+                           "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9"})
+        cold, cold_cpu, warm = [], [], []
+        rows = traces = 0
+        for _ in range(runs):
+            at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+            at.query_params["range"] = "1h"
+            at.query_params["to"] = f"{end_ts:.0f}"
+            at.run()
+            st.cache_data.clear()
+            started, cpu = time.perf_counter(), time.process_time()
+            at.run()
+            cold.append((time.perf_counter() - started) * 1000)
+            cold_cpu.append((time.process_time() - cpu) * 1000)
+            assert not at.exception, at.exception
+            started = time.perf_counter()
+            at.run()
+            warm.append((time.perf_counter() - started) * 1000)
+            rows = len(at.dataframe[0].value) if at.dataframe else 0
+            traces = sum(len(json.loads(e.proto.spec)["data"]) for e in at.get("plotly_chart"))
+        results[label] = {"cold_ms_median": round(statistics.median(cold), 1), "cold_ms_max": round(max(cold), 1),
+                          "cold_cpu_ms_median": round(statistics.median(cold_cpu), 1),
+                          "warm_ms_median": round(statistics.median(warm), 1), "table_rows": rows,
+                          "traces": traces, "runs": runs}
+    base = next(iter(results.values()))["cold_ms_median"]
+    for entry in results.values():
+        entry["cold_vs_baseline"] = round(entry["cold_ms_median"] / base, 2) if base else None
     return results
 
 
@@ -207,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=7)
     p.add_argument("--skip-freshness", action="store_true")
     p.add_argument("--skip-build-time", action="store_true")
+    p.add_argument("--skip-overview", action="store_true")
+    p.add_argument("--fleet-engines", type=int, default=200)
+    p.add_argument("--fleet-db", default=str(OUT / "fleet200.db"))
     args = p.parse_args(argv)
     url = f"sqlite:///{Path(args.db).resolve()}"
     result: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
@@ -216,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
         result["engine_page"] = engine_page_times(url, "engine-0", ["15m", "24h", "7d"], args.runs,
                                                   float(info["end_ts"]))
         result["engine_page_queries_ms"] = query_times(url, args.runs)
+    if not args.skip_overview:
+        base = build_bench_db(url, engines=2, sidecars=2)
+        fleet_url = f"sqlite:///{Path(args.fleet_db).resolve()}"
+        fleet = build_bench_db(fleet_url, engines=args.fleet_engines, sidecars=args.fleet_engines, raw_hours=1.0,
+                               rollup_days=1.0)
+        result["overview"] = overview_times({"2 engines (baseline)": (url, float(base["end_ts"])),
+                                             f"{args.fleet_engines} engines": (fleet_url, float(fleet["end_ts"]))},
+                                            args.runs)
     if not args.skip_freshness:
         result["freshness"] = freshness(args.trials)
     OUT.mkdir(parents=True, exist_ok=True)

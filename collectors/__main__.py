@@ -1,6 +1,6 @@
 """Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports.
 
-    python -m collectors [--config FILE] [--engine URL]... [--sidecar URL]... [--database-url URL]
+    python -m collectors [--config FILE] [--engine [NAME=]URL]... [--sidecar [NAME=]URL]... [--database-url URL]
                          [--once] [--interval S] [--log-level LEVEL]
     python -m collectors status [--json] [--database-url URL]
     python -m collectors export-rules --out DIR [--config FILE] [--runbook-base URL] [--dashboard-url URL]
@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from collectors.config import ConfigError
+from core.environment import setting
 
 log = logging.getLogger("collectors")
 
@@ -28,17 +30,23 @@ def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m collectors",
                                 description="Scrape engines and sidecars into the PrefixOps database and "
                                             "evaluate alerts. `python -m collectors status` reports from the database.")
-    p.add_argument("--config", metavar="FILE", help="TOML file of targets, webhooks and settings (reloaded on change)")
-    p.add_argument("--engine", metavar="URL", action="append", default=[],
-                   help="engine base URL (the collector adds /metrics); repeatable")
-    p.add_argument("--sidecar", metavar="URL", action="append", default=[],
-                   help="sidecar base URL (the collector adds /state, /sessions, ...); repeatable")
+    p.add_argument("--config", metavar="FILE", default=setting(os.environ, "CONFIG"),
+                   help="the fleet TOML: targets, webhooks and settings (reloaded on change; default "
+                        "$PREFIXOPS_CONFIG)")
+    p.add_argument("--engine", metavar="[NAME=]URL", action="append", default=[],
+                   help="engine base URL (the collector adds /metrics), optionally with a display name: "
+                        "gpu-a=http://10.0.0.5:8000; repeatable")
+    p.add_argument("--sidecar", metavar="[NAME=]URL", action="append", default=[],
+                   help="sidecar base URL (the collector adds /state, /sessions, ...), optionally "
+                        "NAME=URL; repeatable")
     p.add_argument("--database-url", metavar="URL",
-                   help="SQLAlchemy URL (default $DATABASE_URL, else sqlite:///data/prefixops.db)")
+                   help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
+                        "sqlite:///data/prefixops.db)")
     p.add_argument("--once", action="store_true",
                    help="scrape every target enough times for rates, evaluate alerts, and exit")
     p.add_argument("--interval", type=float, metavar="S", help="default scrape interval in seconds (default 1)")
-    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.add_argument("--log-level", default=setting(os.environ, "LOG_LEVEL") or "INFO",
+                   help="logging level (default $PREFIXOPS_LOG_LEVEL, else INFO)")
     return p
 
 
@@ -47,7 +55,8 @@ def _status_parser() -> argparse.ArgumentParser:
                                 description="Latest signals, up/down and open alerts per target, from the database.")
     p.add_argument("--json", action="store_true", help="print a JSON list (one object per target and engine label)")
     p.add_argument("--database-url", metavar="URL",
-                   help="SQLAlchemy URL (default $DATABASE_URL, else sqlite:///data/prefixops.db)")
+                   help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
+                        "sqlite:///data/prefixops.db)")
     return p
 
 

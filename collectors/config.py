@@ -162,17 +162,36 @@ class CollectorConfig:
         return target.interval_s or self.interval_s
 
     def with_cli_targets(self, engines: list[str], sidecars: list[str]) -> CollectorConfig:
-        """Add --engine/--sidecar URLs (auto kind) to the file's targets, without duplicates."""
-        known_engines = {e.url for e in self.engines}
-        known_sidecars = {s.url for s in self.sidecars}
-        extra_e = tuple(EngineTarget(url=u) for u in dict.fromkeys(normalise_url(u, where="--engine") for u in engines)
-                        if u not in known_engines)
-        extra_s = tuple(SidecarTarget(url=u) for u in dict.fromkeys(normalise_url(u, where="--sidecar")
-                                                                    for u in sidecars)
-                        if u not in known_sidecars)
+        """Add --engine/--sidecar targets (``URL`` or ``NAME=URL``; engines of auto kind) to the file's
+        targets, without duplicates; a name given on the command line names a target the file lists."""
         from dataclasses import replace
 
-        return replace(self, engines=self.engines + extra_e, sidecars=self.sidecars + extra_s)
+        def parsed(values: list[str], flag: str) -> dict[str, str | None]:
+            out: dict[str, str | None] = {}
+            for value in values:
+                name, url = cli_target(value, flag)
+                out[url] = name or out.get(url)
+            return out
+
+        cli_e, cli_s = parsed(engines, "--engine"), parsed(sidecars, "--sidecar")
+        file_engines = tuple(replace(e, name=cli_e.get(e.url) or e.name) for e in self.engines)
+        file_sidecars = tuple(replace(t, name=cli_s.get(t.url) or t.name) for t in self.sidecars)
+        known_engines = {e.url for e in self.engines}
+        known_sidecars = {t.url for t in self.sidecars}
+        extra_e = tuple(EngineTarget(url=u, name=n) for u, n in cli_e.items() if u not in known_engines)
+        extra_s = tuple(SidecarTarget(url=u, name=n) for u, n in cli_s.items() if u not in known_sidecars)
+        return replace(self, engines=file_engines + extra_e, sidecars=file_sidecars + extra_s)
+
+
+def cli_target(value: str, flag: str) -> tuple[str | None, str]:
+    """``URL`` or ``NAME=URL`` (a display name, e.g. ``gpu-a=http://10.0.0.5:8000``) -> (name, base URL)."""
+    name, sep, rest = value.partition("=")
+    if sep and "://" not in name:
+        name = name.strip()
+        if not name:
+            raise ConfigError(f"{flag}: the name before '=' is empty in {value!r} (use NAME=URL or URL)")
+        return name, normalise_url(rest, where=f"{flag} {name}")
+    return None, normalise_url(value, where=flag)
 
 
 def _table_list(data: dict[str, Any], key: str, path: str) -> list[dict[str, Any]]:

@@ -269,6 +269,19 @@ def _collapse(ctx: ExportContext) -> list[ExportedAlert]:
     ]
 
 
+def _collapse_risk(ctx: ExportContext) -> NotExpressible:
+    return NotExpressible("collapse-risk", (
+        "the score is core.risk's model: the sidecar's inputs are the KV demand of *admitted* sessions and its "
+        "least-squares trend, the session backlog's growth and the missed prompt tokens per second, the engine's "
+        "are 30-s means, slopes and falls below the best 30-s mean of the last 5 minutes (max_over_time over an "
+        "avg_over_time subquery), each mapped through a clamped ramp and weighted; the throughput input is "
+        "suppressed when the prompt load fell as much (a comparison between two subquery results per series); and "
+        "the inputs present decide whether the score exists at all. Each piece has a PromQL approximation, but "
+        "together they would be a second, hand-kept copy of a tuned model whose lead times were measured on the "
+        "collectors' implementation only (docs/collapse-risk.md); the collectors store the score as the "
+        "collapse_risk signal and send this alert to Alertmanager themselves."))
+
+
 Builder = Callable[[ExportContext], "list[ExportedAlert] | NotExpressible"]
 
 EXPORTS: dict[str, Builder] = {
@@ -279,6 +292,7 @@ EXPORTS: dict[str, Builder] = {
     "compaction-in-thin-reuse": _compaction,
     "admission-wait": _admission,
     "collapse": _collapse,
+    "collapse-risk": _collapse_risk,
 }
 
 
@@ -317,6 +331,10 @@ def alerting_rules(ctx: ExportContext) -> list[dict[str, object]]:
                                         "description": f"{spec.meaning} Not expressible in PromQL: {built.reason}",
                                         "not_expressible_in_promql": built.reason,
                                         "runbook_url": ctx.runbook_base + runbook_anchor(rule)}})
+            if ctx.dashboard_url:
+                annotations = out[-1]["annotations"]
+                assert isinstance(annotations, dict)
+                annotations["dashboard_url"] = f"{ctx.dashboard_url.rstrip('/')}/{spec.fix_pages[0]}"
             continue
         for alert in built:
             entry: dict[str, object] = {"alert": alert_name(rule), "expr": alert.expr}

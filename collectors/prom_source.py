@@ -12,7 +12,9 @@ Fleet TOML::
 
 Each cycle makes one instant query per signal family for all engines (``up``, the scrape time, the
 prefix-cache queries and hits, prompt, generation and cached tokens, preemptions, KV usage, running and
-waiting requests, the TTFT histogram, ``vllm:cache_config_info`` and ``process_start_time_seconds``).
+waiting requests, ``vllm:cache_config_info``, ``process_start_time_seconds``, and each serving histogram of
+`core.engine_metrics.histograms`: TTFT, end-to-end and inter-token latency, queue time, prompt and output
+lengths).
 Every engine, identified by its ``job`` and ``instance`` labels, becomes a target row exactly like a
 scraped one (URL ``http://<instance>``, name ``<instance>``, its other target labels as labels), and its
 samples go through the same code as a scraped page (`core.engine_metrics.page_from_samples`, then
@@ -23,7 +25,7 @@ Rates are computed between the engine's own scrape times (``timestamp()`` of its
 sees no new Prometheus scrape of an engine writes nothing for it. An engine Prometheus reports ``up == 0``
 is a failed scrape (``target-down`` applies); one whose series are gone from Prometheus gets no sample, so
 ``stale-data`` fires. The Prometheus API itself is the configured target: its row records whether the
-queries answered.
+queries answered (role ``source``: not an engine on the pages; ``target-down`` and ``stale-data`` apply).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collectors.scrape import EngineScraper, ScrapeOutcome
 from collectors.store import Store
 from core import engine_metrics as em
 from core import signals as sig
+from core.engine_metrics import histograms as hist
 from db.models import Target
 
 # Signal families of vLLM (current and legacy names of one family in one query).
@@ -55,8 +58,9 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
     ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     ("vllm:num_requests_running",),
     ("vllm:num_requests_waiting",),
-    ("vllm:time_to_first_token_seconds_bucket",),
     ("vllm:cache_config_info",),
+    # The serving histograms (TTFT, end-to-end, inter-token, queue time, prompt and output lengths).
+    *(kinds["vllm"] for kinds in hist.FAMILIES.values()),
 )
 # Labels that tell series of one target apart (not the target's identity).
 SERIES_LABELS = frozenset({"__name__", "engine", "model_name", "le"})
@@ -94,7 +98,7 @@ class PromSource:
     timeout_s: float
     clock: Callable[[], float] = time.time
     engines: dict[tuple[str, str], _Engine] = field(default_factory=dict)
-    role: str = "engine"
+    role: str = "source"  # the query API's own row: up/down of the queries, no engine signals
 
     @property
     def url(self) -> str:
@@ -136,11 +140,11 @@ class PromSource:
             families = [self.query(client, selector(names, matchers), ts) for names in FAMILIES]
             start = self.query(client, selector(("process_start_time_seconds",), matchers), ts)
         except PromQueryError as exc:
-            return [ScrapeOutcome(self.url, "engine", ts, False, time.perf_counter() - started, error=str(exc),
+            return [ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc),
                                   kind="prometheus")]
         outcomes = self._engine_outcomes(up, stamps, families, start, ts)
         duration = time.perf_counter() - started
-        api = ScrapeOutcome(self.url, "engine", ts, True, duration, kind="prometheus",
+        api = ScrapeOutcome(self.url, self.role, ts, True, duration, kind="prometheus",
                             samples=[("", sig.UP, 1.0), ("", sig.SCRAPE_DURATION_S, duration)], engine_labels=())
         return [api, *outcomes]
 

@@ -35,9 +35,10 @@ from sqlalchemy import Engine
 from collectors import notify
 from collectors.alertmanager import AlertmanagerSender
 from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.failures import FailureLog, describe_failure
 from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
-from collectors.store import Store, WriteResult, describe_failure
+from collectors.store import Store, WriteResult
 from core.alerts import AlertEvaluator, TargetHealth
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Collector:
         self._retry: list[ScrapeOutcome] = []
         self._pending_transitions: list[Any] = []
         self._evaluated_ts: dict[str, float] = {}
-        self._last_write_error: tuple[str, float] | None = None
+        self.failures = FailureLog(log, clock, REPEAT_ERROR_LOG_S)
         self.config = config
         self.apply_config(config)
 
@@ -255,14 +256,16 @@ class Collector:
             try:
                 register_engines(self.store, fresh, now=self.clock())
             except Exception as exc:  # noqa: BLE001 - locked or full: registered with a later batch
-                log.error("registering %d engine(s) read through Prometheus failed: %s", len(fresh),
-                          describe_failure(exc))
+                cause = describe_failure(exc)
+                self.failures.error("register", cause, "registering %d Prometheus engine(s) failed: %s",
+                                    len(fresh), cause)
         result = self.store.write(batch)
         if result.failed:
             self._keep_for_retry(result)
         self.scrapes_done += len(outcomes)
         transitions = self._pending_transitions
         self._pending_transitions = []
+        risk_rows: list[tuple[str, str, str, float, float]] = []
         for o in result.committed:
             scraper = self.scrapers.get(o.url)
             if scraper is None and o.url not in prom:
@@ -274,30 +277,38 @@ class Collector:
             self._evaluated_ts[o.url] = o.ts
             self._observe(o)
             transitions.extend(self._evaluate(o.url, o.ts))
+            if o.ok:  # the collapse risk judged on this scrape: its score and each input's contribution
+                risk_rows.extend((o.url, label, name, o.ts, value)
+                                 for (_url, label), assessment in self.evaluator.risk_of(o.url, since=o.ts).items()
+                                 for name, value in assessment.signals().items())
         self._apply(transitions)
+        if risk_rows:
+            try:
+                self.store.write_derived(risk_rows)
+            except Exception as exc:  # noqa: BLE001 - a lost risk sample is recomputed on the next scrape
+                log.error("storing %d collapse-risk sample(s) failed: %s", len(risk_rows), describe_failure(exc))
         return result
 
     def _keep_for_retry(self, result: WriteResult) -> None:
         now = self.clock()
         # Sidecar documents are read again from the uncommitted cursors; keep the samples only.
-        kept = [replace(o, retried=True, state=None, sessions=None, subtrees=None, decisions=[], audit=[])
+        kept = [replace(o, retried=True, state=None, sessions=None, subtrees=None, decisions=[], audit=[],
+                        turns=[])
                 for o in result.failed if now - o.ts <= RETRY_FOR_S]
         self._retry = kept[-RETRY_MAX:]
         self.write_failures += 1
         cause = "; ".join(dict.fromkeys(result.causes))
-        last = self._last_write_error
-        if last is None or last[0] != cause or now - last[1] >= REPEAT_ERROR_LOG_S:
-            log.error("writing %d scrape outcome(s) failed (%s); %d kept to retry, sidecar entries will be "
-                      "read again", len(result.failed), cause, len(self._retry))
-            self._last_write_error = (cause, now)
+        self.failures.error("write", cause, "writing %d scrape outcome(s) failed (%s); %d kept to retry, sidecar "
+                            "entries will be read again", len(result.failed), cause, len(self._retry))
 
     def _apply(self, transitions: list[Any]) -> None:
         try:
             self.store.apply_transitions(transitions, self.config)
         except Exception as exc:  # noqa: BLE001 - locked or full: keep them for the next batch
             self._pending_transitions = transitions + self._pending_transitions
-            log.error("recording %d alert transition(s) failed (%s); retrying with the next batch",
-                      len(transitions), describe_failure(exc))
+            cause = describe_failure(exc)
+            self.failures.error("transitions", cause, "recording %d alert transition(s) failed (%s); retrying "
+                                "with the next batch", len(self._pending_transitions), cause)
 
     def _observe(self, o: ScrapeOutcome) -> None:
         self.evaluator.observe_scrape(o.url, o.ts, o.ok, o.error)
@@ -373,15 +384,17 @@ class Collector:
                     item = self.queue.get_nowait()
                 except queue.Empty:
                     break
-            try:
-                self.process(batch)
-            except Exception as exc:  # a bug: the write path itself reports database failures
-                log.error("processing %d scrape outcome(s) failed: %s", len(batch), describe_failure(exc))
+            self.guarded("processing scrape outcomes", self.process, batch)
             for op in ops:
-                try:
-                    op()
-                except Exception as exc:  # noqa: BLE001
-                    log.error("writer task %s failed: %s", getattr(op, "__name__", "?"), describe_failure(exc))
+                self.guarded(f"writer task {getattr(op, '__name__', '?')}", op)
+
+    def guarded(self, what: str, op: Callable[..., Any], *args: Any) -> None:
+        """Run `op`; a failure (a locked or full database) is one line per cause a minute, never a traceback."""
+        try:
+            op(*args)
+        except Exception as exc:  # noqa: BLE001 - the writer and the jobs must outlive any failure
+            cause = describe_failure(exc)
+            self.failures.error(what, cause, "%s failed: %s", what, cause)
 
     def start_writer(self) -> None:
         self._writer = threading.Thread(target=self._writer_loop, name="writer", daemon=True)
@@ -415,8 +428,10 @@ class Collector:
         interval = self.config.interval_s
         self.scheduler.add_job(lambda: self.submit(self.heartbeat), "interval", seconds=interval, id="heartbeat")
         self.scheduler.add_job(lambda: self.submit(self.sweep_alerts), "interval", seconds=1.0, id="alerts")
-        self.scheduler.add_job(self._deliver, "interval", seconds=1.0, id="notify")
-        self.scheduler.add_job(self._send_alertmanagers, "interval", seconds=1.0, id="alertmanagers")
+        self.scheduler.add_job(self.guarded, "interval", args=["webhook delivery", self._deliver], seconds=1.0,
+                               id="notify")
+        self.scheduler.add_job(self.guarded, "interval", args=["Alertmanager delivery", self._send_alertmanagers],
+                               seconds=1.0, id="alertmanagers")
         self.scheduler.add_job(lambda: self.submit(self.queue_acks), "interval", seconds=5.0, id="acks")
         self.scheduler.add_job(lambda: self.submit(self.maintenance), "interval", seconds=MAINTENANCE_EVERY_S,
                                id="maintenance")

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Engine, bindparam, func, insert, select, update
-from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError
 
 from collectors.config import CollectorConfig
+from collectors.failures import describe_failure
 from collectors.rollups import Rollups, merge_rollups, rollup_rows
 from collectors.scrape import LogCursor, ScrapeOutcome
 from collectors.store_sidecar import chunks as _chunks
@@ -39,6 +40,7 @@ from db.models import (
     Series,
     Silence,
     Target,
+    Turn,
 )
 
 __all__ = ["Store", "WriteResult", "describe_failure", "merge_rollups", "rollup_rows"]
@@ -57,16 +59,6 @@ def target_specific(exc: BaseException) -> bool:
     """False for failures of the database as a whole (locked, full, unreachable): retrying each
     target alone would only wait for the same lock once per target."""
     return not isinstance(exc, OperationalError)
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line naming the cause, without the statement or its parameters."""
-    if isinstance(exc, DBAPIError) and exc.orig is not None:
-        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__
-        return f"{type(exc.orig).__name__}: {reason}"[:300]
-    if isinstance(exc, SQLAlchemyError):
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 class Store(Rollups):
@@ -88,7 +80,8 @@ class Store(Rollups):
         now = self.clock()
         specs: list[dict[str, Any]] = []
         for e in config.engines:
-            specs.append({"url": e.url, "role": "engine", "configured_kind": e.kind, "name": e.name,
+            specs.append({"url": e.url, "role": "source" if e.kind == "prometheus" else "engine",
+                          "configured_kind": e.kind, "name": e.name,
                           "labels": dict(e.labels), "engine_url": None, "interval_s": config.interval_for(e)})
         for s in config.sidecars:
             specs.append({"url": s.url, "role": "sidecar", "configured_kind": "sidecar", "name": s.name,
@@ -128,12 +121,13 @@ class Store(Rollups):
         out: dict[str, LogCursor] = {}
         with self.engine.connect() as conn:
             for log_name, model, key_column in (("decisions", CompactionDecision, CompactionDecision.decision),
-                                                ("audit", AuditEntry, AuditEntry.action)):
+                                                ("audit", AuditEntry, AuditEntry.action),
+                                                ("turns", Turn, Turn.outcome)):
                 row = conn.execute(select(model.epoch, model.remote_id, model.ts, key_column)
                                    .where(model.target_id == target_id, model.remote_id.is_not(None))
                                    .order_by(model.epoch.desc(), model.remote_id.desc()).limit(1)).first()
                 out[log_name] = LogCursor() if row is None else LogCursor(
-                    epoch=int(row[0]), after_id=int(row[1]), ts=row[2], key=row[3])
+                    epoch=int(row[0]), after_id=int(row[1] or 0), ts=row[2], key=row[3])
         return out
 
     # ------------------------------------------------------------------ scrape outcomes
@@ -143,6 +137,15 @@ class Store(Rollups):
         self._series.clear()
         self._sessions.clear()
         self._subtrees.clear()
+
+    def retention(self, raw_retention_s: float, rollup_retention_s: float, now: float | None = None,
+                  *, keep_alerts_s: float | None = None) -> tuple[int, int]:
+        """`Rollups.retention`; it deletes old session and subtree rows, so their cached ids go too."""
+        try:
+            return super().retention(raw_retention_s, rollup_retention_s, now, keep_alerts_s=keep_alerts_s)
+        finally:
+            self._sessions.clear()
+            self._subtrees.clear()
 
     def _series_ids(self, conn: Connection, keys: set[tuple[int, str, str]]) -> None:
         missing = [k for k in keys if k not in self._series]
@@ -194,6 +197,22 @@ class Store(Rollups):
                 result.failed.extend(group)
                 result.causes.append(f"{url}: {describe_failure(exc)}")
         return result
+
+    def write_derived(self, rows: Sequence[tuple[str, str, str, float, float]]) -> None:
+        """Store signals the collectors compute themselves (the collapse risk), one transaction:
+        ``(target URL, engine label, signal, ts, value)``. Raises on failure (the caller logs it)."""
+        samples = [((self.target_ids[url], label, name), ts, float(value)) for url, label, name, ts, value in rows
+                   if url in self.target_ids and math.isfinite(value)]
+        if not samples:
+            return
+        try:
+            with self.engine.begin() as conn:
+                self._series_ids(conn, {k for k, _, _ in samples})
+                dedup = {(self._series[k], ts): value for k, ts, value in samples}
+                conn.execute(insert(Sample), [{"series_id": sid, "ts": ts, "value": v} for (sid, ts), v in dedup.items()])
+        except BaseException:
+            self._forget()
+            raise
 
     def _transaction(self, outcomes: Sequence[ScrapeOutcome]) -> None:
         try:
@@ -293,12 +312,13 @@ class Store(Rollups):
                     log.warning("alert firing: %s on %s%s: %s", t.rule, url, f" engine {label}" if label else "",
                                 t.summary)
                 else:
-                    alert_id = conn.execute(select(Alert.id).where(Alert.rule == t.rule, Alert.target_id == tid,
-                                                                   Alert.engine_label == label,
-                                                                   Alert.state == "firing")
-                                            .order_by(Alert.started_ts.desc())).scalar()
-                    if alert_id is None:
+                    open_id = conn.execute(select(Alert.id).where(Alert.rule == t.rule, Alert.target_id == tid,
+                                                                  Alert.engine_label == label,
+                                                                  Alert.state == "firing")
+                                           .order_by(Alert.started_ts.desc())).scalar()
+                    if open_id is None:
                         continue
+                    alert_id = open_id
                     conn.execute(update(Alert).where(Alert.id == alert_id)
                                  .values(state="resolved", resolved_ts=t.ts, last_eval_ts=t.ts))
                     log.info("alert resolved: %s on %s%s", t.rule, url, f" engine {label}" if label else "")

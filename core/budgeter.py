@@ -11,7 +11,8 @@ Vocabulary (DESIGN.md):
   is held at the sidecar; its cached prefix may be evicted) or *waiting* (a new
   session not yet admitted).
 * *Demand* is the sum over admitted sessions of
-  ``max(last turn's prompt + completion, prompt in flight) + output budget``,
+  ``max(last turn's prompt + completion, prompt in flight) + output budget``
+  (a failed turn's output budget leaves demand once nothing of the session is in flight),
   plus the prompts of unsessioned requests while they are in flight.
 * A *turn boundary* is the arrival of a session's next request after its
   previous one completed. Sessions are parked only there: a request that
@@ -332,6 +333,8 @@ class Budgeter:
                 s.context_tokens = max(0, prompt_tokens) + max(0, completion_tokens)
             if s.inflight == 0:
                 s.inflight_prompt = 0
+                if not ok:
+                    s.output_budget = 0  # a failed turn's output budget leaves demand
         if ok:
             s.turns += 1
             if latency_s is not None and math.isfinite(latency_s) and latency_s >= 0:
@@ -396,6 +399,17 @@ class Budgeter:
         s = self._sessions.get(session_id)
         if s is not None:
             s.held = False
+
+    def cap_demand(self, limit: int) -> list[str]:
+        """Lower output budgets so no session's demand exceeds ``limit`` tokens where its budget allows
+        (a budget restored from before a limit existed, say); returns the ids changed. Totals stay exact."""
+        changed = []
+        for s in self._sessions.values():
+            if s.demand_tokens > limit and s.output_budget > 0:
+                with self._edit(s):
+                    s.output_budget = max(0, limit - max(s.context_tokens, s.inflight_prompt))
+                changed.append(s.id)
+        return changed
 
     def add_unsessioned(self, request_id: str, tokens: int) -> None:
         self._unsessioned[request_id] = max(0, tokens)

@@ -22,6 +22,10 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
   denominator of ``engine_hit_ratio``, stored so ratios can be summed correctly
   over engine labels (sum the rates, then divide).
 - ``ttft_p50``, ``ttft_p90``, ``ttft_p99``: time to first token, seconds.
+- ``e2e_p50/p90/p99`` (end-to-end request latency), ``itl_p50/p90/p99`` (inter-token latency),
+  ``queue_time_p50/p90/p99`` (time in the engine's queue), seconds; ``prompt_len_p50/p90/p99`` and
+  ``output_len_p50/p90/p99``: prompt and output lengths of the requests finished in the interval,
+  tokens. All from the engine's histograms over the last interval (`core.engine_metrics.histograms`).
 - ``pool_tokens``: KV pool size in tokens.
 
 Sidecar signals (engine label is always ""):
@@ -42,6 +46,13 @@ Sidecar signals (engine label is always ""):
   nobody is parked).
 - ``time_to_admit_p50``, ``time_to_admit_p95``, ``park_time_p50``, ``park_time_p95``:
   seconds, over the sidecar's recent window.
+
+Collapse risk (`core.risk`), computed by the collectors from the signals above and stored on the
+key it was judged for (the sidecar's, or a bare engine's label):
+
+- ``collapse_risk``: the score in [0, 1].
+- ``risk_<input>``: each input's contribution to it (``risk_kv_demand``, ``risk_missed_prefill``, ...;
+  the inputs are listed in `core.risk`), so the pages can show the leading inputs over time.
 
 Per-target signals written by the collector itself for every target:
 
@@ -75,6 +86,8 @@ PREFIX_CACHE_HITS_PER_S: Final = "prefix_cache_hits_per_s"
 TTFT_P50: Final = "ttft_p50"
 TTFT_P90: Final = "ttft_p90"
 TTFT_P99: Final = "ttft_p99"
+SERVING_QUANTILES: Final = tuple(f"{family}_{q}" for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
+                                 for q in ("p50", "p90", "p99"))
 POOL_TOKENS: Final = "pool_tokens"
 
 # Budgeter / backlog (sidecar)
@@ -95,6 +108,15 @@ TIME_TO_ADMIT_P95: Final = "time_to_admit_p95"
 PARK_TIME_P50: Final = "park_time_p50"
 PARK_TIME_P95: Final = "park_time_p95"
 
+# Collapse risk (core.risk): the score, and a prefix + input name for each input's contribution
+COLLAPSE_RISK: Final = "collapse_risk"
+RISK_PREFIX: Final = "risk_"
+RISK_INPUT_SIGNALS: Final = tuple(RISK_PREFIX + name for name in (
+    "kv_demand", "demand_trend", "session_flow", "missed_prefill", "rt_trend",
+    "kv_usage", "queue", "queue_growth", "preemptions", "hit_trend", "throughput",
+))
+RISK_SIGNALS: Final = (COLLAPSE_RISK, *RISK_INPUT_SIGNALS)
+
 # Collector bookkeeping
 UP: Final = "up"
 SCRAPE_DURATION_S: Final = "scrape_duration_s"
@@ -103,6 +125,7 @@ ENGINE_SIGNALS: Final = (
     ENGINE_HIT_RATIO, KV_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S,
     PROMPT_TOKENS_PER_S, GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S,
     PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
+    *SERVING_QUANTILES,
 )
 SIDECAR_SIGNALS: Final = (
     TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
@@ -111,7 +134,7 @@ SIDECAR_SIGNALS: Final = (
     PARK_TIME_P50, PARK_TIME_P95,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
-ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + TARGET_SIGNALS))
+ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + RISK_SIGNALS + TARGET_SIGNALS))
 
 # Signals whose meaning is a sum over engine labels (summing ratios would be wrong).
 ADDITIVE_SIGNALS: Final = frozenset({

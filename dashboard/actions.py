@@ -17,6 +17,7 @@ sign-in) are written to the audit table here with ``source='dashboard'``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ logger = logging.getLogger(__name__)
 PENDING_KEY = "pending_action"
 OUTCOME_KEY = "action_outcome"
 SIDECAR_KINDS = frozenset({"park", "unpark", "budgeter", "defer", "allow"})
-DB_KINDS = frozenset({"ack", "silence"})
+DB_KINDS = frozenset({"ack", "silence", "unsilence"})
+READBACK_KEY = "sidecar_readback"  # sidecar URL -> (ts, /state read back right after a confirmed change)
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,20 @@ def _sidecar_control(action: Action, operator: Operator, settings: Settings, cli
                           timeout=settings.control_timeout)
 
 
+def _ended(sid: str, result: ControlResult, verb: str) -> ControlResult:
+    """A 404 on a session action: the session has ended (the sidecar forgets ended sessions)."""
+    if result.status == 404:
+        return ControlResult(False, f"session {sid} has ended (the sidecar no longer tracks it): nothing to {verb} "
+                                    f"({result.message})", 404)
+    return result
+
+
 def _send(action: Action, ctl: SidecarControl) -> list[tuple[str, ControlResult]]:
     p = action.params
     if action.kind == "park":
-        return [(sid, ctl.park(sid)) for sid in action.session_ids]
+        return [(sid, _ended(sid, ctl.park(sid), "park")) for sid in action.session_ids]
     if action.kind == "unpark":
-        return [(sid, ctl.unpark(sid, pin=bool(p.get("pin")))) for sid in action.session_ids]
+        return [(sid, _ended(sid, ctl.unpark(sid, pin=bool(p.get("pin"))), "unpark")) for sid in action.session_ids]
     if action.kind == "budgeter":
         return [("budgeter", ctl.set_budgeter(mode=p.get("mode"), low=p.get("low"), high=p.get("high")))]
     if action.kind == "defer":
@@ -119,7 +129,8 @@ def execute(action: Action, operator: Operator | None, settings: Settings, *, cl
         if not action.sidecar_url:
             return Outcome(False, f"Engine {action.engine} has no sidecar: there is nothing to control.",
                            kind=action.kind, ts=now)
-        results = _send(action, _sidecar_control(action, operator, settings, client))
+        ctl = _sidecar_control(action, operator, settings, client)
+        results = _send(action, ctl)
         failed = [(item, r) for item, r in results if not r.ok]
         done = len(results) - len(failed)
         if action.kind in ("park", "unpark"):
@@ -128,6 +139,16 @@ def execute(action: Action, operator: Operator | None, settings: Settings, *, cl
         else:
             summary = f"{action.kind} on engine {action.engine}: " + ("done" if not failed else "failed")
         details = [f"{item}: {r.message}" for item, r in failed]
+        readback = _read_back(ctl, action) if done else None
+        if readback:
+            details.insert(0, readback)
+        if action.params.get("undo_of") and not failed:
+            note = _audit(db, actor=operator.name, action="budgeter.undo", outcome="ok",
+                          params={"engine": action.engine, "undo_of": action.params["undo_of"],
+                                  **{k: v for k, v in action.params.items() if k in ("mode", "low", "high")}},
+                          target_url=action.sidecar_url, now=now)
+            if note:
+                details.append(note)
         if failed:
             note = _audit(db, actor=operator.name, action=action.kind, outcome="; ".join(details)[:2000],
                           params={"engine": action.engine, "sessions": list(action.session_ids), **action.params},
@@ -153,6 +174,20 @@ def execute(action: Action, operator: Operator | None, settings: Settings, *, cl
                            details, "ack", now)
         return Outcome(True, f"Acknowledged alert {action.params.get('rule')} on {action.engine}", details, "ack",
                        now)
+    if action.kind == "unsilence":
+        silence_id = int(action.params["silence_id"])
+        try:
+            ended = q.expire_silence(db, silence_id, now=now)
+        except SQLAlchemyError as exc:
+            return Outcome(False, f"Could not expire the silence: database error {type(exc).__name__}",
+                           kind="unsilence", ts=now)
+        note = _audit(db, actor=operator.name, action="alert.unsilence", outcome="ok" if ended else "already over",
+                      params={"silence_id": silence_id, "rule": action.params.get("rule")}, now=now)
+        if not ended:
+            return Outcome(False, "That silence had already ended; nothing changed.", (note,) if note else (),
+                           "unsilence", now)
+        return Outcome(True, f"Expired the silence of {action.params.get('rule') or 'all rules'} on "
+                             f"{action.engine}: notifications resume", (note,) if note else (), "unsilence", now)
     if action.kind == "silence":
         try:
             for target_id in action.params.get("target_ids") or [None]:
@@ -170,6 +205,30 @@ def execute(action: Action, operator: Operator | None, settings: Settings, *, cl
         return Outcome(True, f"Silenced {action.params.get('rule') or 'all rules'} on {action.engine} for "
                              f"{float(action.params['minutes']):g} min", (note,) if note else (), "silence", now)
     raise ValueError(f"unknown action kind {action.kind!r}")
+
+
+def _read_back(ctl: SidecarControl, action: Action) -> str | None:
+    """Read the sidecar's /state right after a change, so the page shows the new state at once (the
+    collectors' next scrape may be seconds away); kept in the session for the pages to use."""
+    result = ctl.state()
+    if not result.ok or not isinstance(result.body, dict):
+        return f"could not read the new state back from the sidecar: {result.message}"
+    # Outside a Streamlit run (tests of `execute`) there is no session to keep it in.
+    with contextlib.suppress(Exception):
+        st.session_state.setdefault(READBACK_KEY, {})[action.sidecar_url] = (time.time(), result.body)
+    state = result.body
+    budgeter, backlog = state.get("budgeter") or {}, state.get("backlog") or {}
+    return (f"now, read back from the sidecar: budgeter {budgeter.get('mode')} bands {budgeter.get('low')}-"
+            f"{budgeter.get('high')}; {backlog.get('admitted', '?')} admitted, {backlog.get('parked', '?')} parked, "
+            f"{backlog.get('waiting', '?')} waiting")
+
+
+def read_back_state(sidecar_url: str | None, not_before: float) -> dict[str, Any] | None:
+    """The /state read back after this session's last change to that sidecar, when newer than `not_before`."""
+    entry = st.session_state.get(READBACK_KEY, {}).get(sidecar_url)
+    if entry is None or entry[0] <= not_before:
+        return None
+    return entry[1]
 
 
 def _confirm_body(settings: Settings) -> None:

@@ -42,6 +42,8 @@ COLORS = {
     "ttft_p99": "#d62728",
     "relative_cost": "#1f4e79",
     "prompt_tokens_per_s": "#1f77b4",
+    "time_to_admit_p50": "#2ca02c", "time_to_admit_p95": "#ff7f0e", "park_time_p50": "#9467bd",
+    "park_time_p95": "#8c564b", "oldest_waiting_s": "#d62728",
     "generation_tokens_per_s": "#2ca02c",
     "preemptions_per_s": "#d62728",
     **{f"{base}_p{q}": color for base in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
@@ -67,6 +69,8 @@ LABELS = {
     "ttft_p99": "TTFT p99",
     "relative_cost": "relative input cost",
     "prompt_tokens_per_s": "prompt tokens/s",
+    "time_to_admit_p50": "time to admit p50", "time_to_admit_p95": "time to admit p95",
+    "park_time_p50": "park time p50", "park_time_p95": "park time p95", "oldest_waiting_s": "oldest wait",
     "generation_tokens_per_s": "generation tokens/s",
     "preemptions_per_s": "preemptions/s",
     **{f"{base}_p{q}": f"{name} p{q}" for base, name in (("e2e", "e2e"), ("itl", "ITL"), ("queue_time", "queue"),

@@ -17,10 +17,8 @@ in a result message, a log line or a URL. The signed-in person goes into
 from __future__ import annotations
 
 import logging
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -154,40 +152,27 @@ def _norm_url(url: str) -> str:
 
 
 def load_sidecar_tokens(config_path: str | None) -> dict[str, str]:
-    """Operator tokens per sidecar (keyed by both name and URL) from the collectors' TOML config.
+    """Operator tokens per sidecar (keyed by both name and URL) from the fleet TOML, read through
+    `collectors.config` (the one grammar: ``[[sidecars]]`` entries with ``operator_token``).
 
-    A missing or unreadable file gives no tokens and one log line (the
-    default token may still apply); the tokens themselves are never logged.
+    A missing or invalid file gives no tokens and one log line naming the problem (the default
+    token may still apply); the tokens themselves are never logged.
     """
     if not config_path:
         return {}
-    path = Path(config_path)
+    from collectors.config import ConfigError, load_config
+
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        logger.warning("cannot read sidecar tokens from %s: %s", path, type(exc).__name__)
+        config = load_config(config_path)
+    except ConfigError as exc:
+        logger.warning("no sidecar operator tokens from the fleet config: %s", exc)
         return {}
-    entries: list[Any] = []
-    for key in ("sidecar", "sidecars"):
-        value = data.get(key)
-        if isinstance(value, list):
-            entries.extend(value)
-        elif isinstance(value, dict):  # [sidecars.NAME] tables
-            for name, item in value.items():
-                if isinstance(item, dict):
-                    entries.append({"name": name, **item})
-    for target in data.get("targets", []) if isinstance(data.get("targets"), list) else []:
-        if isinstance(target, dict) and target.get("role", "sidecar") == "sidecar":
-            entries.append(target)
     tokens: dict[str, str] = {}
-    for entry in entries:
-        if not isinstance(entry, dict) or not entry.get("operator_token"):
-            continue
-        token = str(entry["operator_token"])
-        if entry.get("name"):
-            tokens[str(entry["name"])] = token
-        if entry.get("url"):
-            tokens[_norm_url(str(entry["url"]))] = token
+    for sidecar in config.sidecars:
+        if sidecar.operator_token:
+            if sidecar.name:
+                tokens[sidecar.name] = sidecar.operator_token
+            tokens[_norm_url(sidecar.url)] = sidecar.operator_token
     return tokens
 
 

@@ -23,7 +23,8 @@ from dashboard.ui import admission_wait_limit, escape_md, fmt_ts
 
 SIDECAR_SIGNALS = ("token_weighted", "request_weighted", "divergence", "demand_fraction", "band_low", "band_high",
                    "admitted", "parked", "waiting", "turns_per_s", "thin_reuse", "oldest_waiting_s",
-                   "oldest_parked_s", "up")
+                   "oldest_parked_s", "up", "time_to_admit_p50", "time_to_admit_p95", "park_time_p50",
+                   "park_time_p95")
 SERVING = {
     "ttft": (("ttft_p50", "ttft_p90", "ttft_p99"), "Time to first token (UTC)", "seconds"),
     "e2e": (("e2e_p50", "e2e_p90", "e2e_p99"), "End-to-end request latency (UTC)", "seconds"),
@@ -161,6 +162,10 @@ def figures(frame: pd.DataFrame, eng: pd.DataFrame, events: pd.DataFrame, settin
                                     y_title="cost / uncached cost", y_range=(0, 1.05), **common),
     }
     present = set(frame["signal"])
+    waits = ("time_to_admit_p50", "time_to_admit_p95", "park_time_p50", "park_time_p95", "oldest_waiting_s")
+    if present & set(waits):
+        out["admission"] = charts.lines_figure(frame, waits, events, title="The sidecar's queue: time to admit, "
+                                               "park time, oldest wait (UTC)", y_title="seconds", **common)
     for name, (signals, title, y_title) in SERVING.items():
         if present & set(signals):
             out[name] = charts.lines_figure(frame, signals, events, title=title, y_title=y_title, **common)

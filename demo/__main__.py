@@ -3,7 +3,8 @@
 Starts the simulated engine, one sidecar in front of it, the collectors, the
 Streamlit dashboard and a load generator of closed-loop agent sessions, each
 as its own process with its output in ``data/logs/NAME.log``. Prints the
-dashboard URL and the operator credentials it generated. Ctrl-C or SIGTERM
+dashboard URL, the admin account it created (name and a fresh password) and
+the sidecar operator token it generated. Ctrl-C or SIGTERM
 stops every process it started. A process that dies is reported with the
 tail of its log and restarted (a few times at most), so one crash does not
 take the demo down silently.
@@ -20,6 +21,12 @@ Scenarios (``--scenario``):
   Budgeter page to ``budgeter-park`` brings it back within a few simulated
   minutes. It keeps its own data directory (``data/collapse``) so its history
   and its sidecar state do not mix with the steady demo's.
+- ``rag``: the offline ``rag-storm`` preset live (``loadgen --rag-preset``): retrieval
+  traffic over document sets, a storm of heterogeneous retrievals that puts the
+  sidecar in the thin-reuse regime and leaves it afterwards (repeating), and the
+  compaction job asking the sidecar's gate, whose decisions show on the Compaction
+  page. No agent sessions: their well-reused tokens would hide the storm. Its data
+  directory is ``data/rag``.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from core.environment import setting
 from demo.real_engine import (
     ENGINE_START_TIMEOUT_S,
     DemoEngineError,
@@ -148,8 +156,8 @@ collapse_eval_every_s = {max(1.0, d.collapse_eval_every_s / speed):g}
 """
 
 
-SCENARIOS = ("steady", "collapse")
-DEFAULT_SPEED = {"steady": 4.0, "collapse": 10.0}
+SCENARIOS = ("steady", "collapse", "rag")
+DEFAULT_SPEED = {"steady": 4.0, "collapse": 10.0, "rag": 4.0}
 
 
 def burst_preset() -> AgentWorkload:
@@ -163,6 +171,8 @@ def loadgen_args(scenario: str, speed: float) -> list[str]:
     """The load generator's arguments for ``scenario`` (arrival rates are per wall second)."""
     if scenario == "steady":
         return []
+    if scenario == "rag":
+        return rag_loadgen_args(speed)
     a = burst_preset()
     return ["--sessions-per-s", f"{a.arrival_rate * speed:g}", "--max-sessions", "10000",
             "--turns", str(a.turns), "--initial-context", str(a.initial_context),
@@ -170,6 +180,15 @@ def loadgen_args(scenario: str, speed: float) -> list[str]:
             "--tool-latency", f"{a.tool_latency_mean:g}",
             "--burst-at", f"{a.burst_start_min * 60 / speed:g}", "--burst-seconds", f"{a.burst_minutes * 60 / speed:g}",
             "--burst-rate", f"{a.burst_rate * speed:g}"]
+
+
+def rag_loadgen_args(speed: float) -> list[str]:
+    """The rag scenario: the rag-storm preset (simulator/rag_traffic.py); the storm comes back after twice its lead."""
+    from simulator.offline import scenario_config
+
+    r = scenario_config("rag-storm").rag
+    every = (2 * r.storm_start_min + r.storm_minutes) * 60 / speed
+    return ["--sessions-per-s", "0", "--rag-preset", "--rag-storm-every", f"{every:g}"]
 
 
 def set_control_mode(sidecar: str, token: str, mode: str) -> None:
@@ -181,7 +200,29 @@ def set_control_mode(sidecar: str, token: str, mode: str) -> None:
     log.info("sidecar control mode set to %s (recorded in its audit log as actor 'demo')", mode)
 
 
-def build_services(args: argparse.Namespace, operator_token: str, passphrase: str) -> list[Service]:
+DEMO_ADMIN = "admin"
+
+
+def ensure_admin_account(database_url: str, password: str) -> str:
+    """Create the demo's admin account (or give the existing one this password); returns its name."""
+    from core.accounts import AccountError
+    from db import accounts, make_engine
+    from db.migrate import upgrade
+
+    engine = make_engine(database_url)
+    try:
+        upgrade(engine)
+        try:
+            accounts.add_account(engine, DEMO_ADMIN, "admin", password, actor="demo", method="cli")
+        except AccountError:  # left by an earlier run in this data directory
+            accounts.set_role(engine, DEMO_ADMIN, "admin", actor="demo", method="cli")
+            accounts.set_password(engine, DEMO_ADMIN, password, actor="demo", method="cli")
+    finally:
+        engine.dispose()
+    return DEMO_ADMIN
+
+
+def build_services(args: argparse.Namespace, operator_token: str) -> list[Service]:
     py = sys.executable
     if args.engine == "vllm":
         real = real_engine_service(args.host, args.engine_port)
@@ -208,7 +249,7 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
                               "--server.address", host, "--server.port", str(args.dashboard_port),
                               "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                 ready_url=f"http://{host}:{args.dashboard_port}/_stcore/health",
-                env={**common, "PREFIXOPS_OPERATOR_PASSPHRASE": passphrase}),
+                env=common),
         Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed),
                             *loadgen_args(args.scenario, args.speed)]),
     ]
@@ -225,20 +266,22 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default=os.environ.get("PREFIXOPS_HOST", "127.0.0.1"))
-    parser.add_argument("--engine-port", type=int, default=int(os.environ.get("ENGINE_PORT", "8000")))
-    parser.add_argument("--sidecar-port", type=int, default=int(os.environ.get("SIDECAR_PORT", "8100")))
-    parser.add_argument("--dashboard-port", type=int, default=int(os.environ.get("DASHBOARD_PORT", "8501")))
-    parser.add_argument("--scenario", choices=SCENARIOS, default=os.environ.get("DEMO_SCENARIO", "steady"),
+    # PREFIXOPS_<NAME>, else the unprefixed name of the first releases (core.environment)
+    parser.add_argument("--engine-port", type=int, default=int(setting(os.environ, "ENGINE_PORT") or "8000"))
+    parser.add_argument("--sidecar-port", type=int, default=int(setting(os.environ, "SIDECAR_PORT") or "8100"))
+    parser.add_argument("--dashboard-port", type=int, default=int(setting(os.environ, "DASHBOARD_PORT") or "8501"))
+    parser.add_argument("--scenario", choices=SCENARIOS, default=setting(os.environ, "DEMO_SCENARIO") or "steady",
                         help="steady: healthy traffic (default); collapse: the burst that collapses the engine, "
-                             "for an operator to bring back with the budgeter")
-    speed = os.environ.get("DEMO_SPEED")
+                             "for an operator to bring back with the budgeter; rag: the compaction storm "
+                             "(thin reuse and the gate's decisions)")
+    speed = setting(os.environ, "DEMO_SPEED")
     parser.add_argument("--speed", type=float, default=float(speed) if speed else None,
                         help="simulated seconds per wall second for the engine and the load "
                              "(default 4; 10 for the collapse scenario)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the SQLite databases and the processes' logs go "
                              "(default data/; data/collapse for the collapse scenario)")
-    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+    parser.add_argument("--database-url", default=setting(os.environ, "DATABASE_URL"),
                         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
     args = parser.parse_args(argv)
     try:
@@ -257,7 +300,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.speed <= 0:
         parser.error(f"--speed must be > 0, got {args.speed:g}")
     if args.data_dir is None:
-        args.data_dir = REPO / "data" / ("collapse" if args.scenario == "collapse" else "")
+        args.data_dir = REPO / "data" / ("" if args.scenario == "steady" else args.scenario)
     args.data_dir = args.data_dir.resolve()
     return args
 
@@ -269,6 +312,17 @@ def engine_label(args: argparse.Namespace) -> str:
 def scenario_note(args: argparse.Namespace) -> str:
     if args.scenario == "steady":
         return "Demo traffic is flowing through the sidecar. "
+    if args.scenario == "rag":
+        from simulator.offline import scenario_config
+
+        r = scenario_config("rag-storm").rag
+        start, length = r.storm_start_min * 60 / args.speed, r.storm_minutes * 60 / args.speed
+        return f"""Scenario: rag. Retrieval traffic over {r.doc_sets} document sets, and a compaction job asking the
+  sidecar's gate every {r.compaction_every} requests. A storm of heterogeneous retrievals starts in about
+  {start:.0f} s and lasts {length:.0f} s (then again every {(2 * start + length):.0f} s): the Compaction page shows the
+  thin-reuse regime (R_r stays ~0.9 while R_t falls to ~0.1) and the gate deferring the warm document sets,
+  then the regime ending after the storm.
+"""
     a = burst_preset()
     extra = round(a.burst_rate * a.burst_minutes * 60)
     return f"""Scenario: collapse. The sidecar's control mode is off. A burst of about {extra} extra agent sessions
@@ -286,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     operator_token = os.environ.get("PREFIXOPS_OPERATOR_TOKEN") or secrets.token_urlsafe(24)
-    passphrase = os.environ.get("PREFIXOPS_OPERATOR_PASSPHRASE") or secrets.token_urlsafe(12)
-    services = build_services(args, operator_token, passphrase)
+    admin_password = secrets.token_urlsafe(12)
+    services = build_services(args, operator_token)
+    admin = ensure_admin_account(services[2].env["DATABASE_URL"], admin_password)
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -314,7 +369,8 @@ PrefixOps is up.
   engine      http://{args.host}:{args.engine_port}   ({engine_label(args)})
   sidecar     http://{args.host}:{args.sidecar_port}  (/state, /sessions, /metrics are open)
   database    {services[2].env["DATABASE_URL"]}
-  sign in on the dashboard as any name with passphrase: {passphrase}
+  dashboard admin account: {admin}   password: {admin_password}
+    (more accounts: python -m dashboard accounts add NAME --role viewer|operator|admin)
   sidecar operator token (Authorization: Bearer ...):  {operator_token}
 {scenario_note(args)}Ctrl-C stops everything.
 """, flush=True)

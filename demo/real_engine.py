@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from core.environment import setting
+
 ENGINES = ("sim", "vllm")
 # Sessions the tiny model serves briskly on one CPU thread, inside the 16K context: 10 turns from
 # ~1.2K tokens growing ~0.4K, a few at a time, so the cache stays warm (a healthy demo).
@@ -30,7 +32,7 @@ class DemoEngineError(ValueError):
 def demo_engine_from_env(environ: dict[str, str] | None = None) -> str:
     """``PREFIXOPS_DEMO_ENGINE``, else ``DEMO_ENGINE``, else ``sim``; validated."""
     environ = dict(os.environ if environ is None else environ)
-    value = (environ.get("PREFIXOPS_DEMO_ENGINE") or environ.get("DEMO_ENGINE") or "sim").strip().lower()
+    value = (setting(environ, "DEMO_ENGINE") or "sim").lower()
     if value == "simulator":
         value = "sim"
     if value not in ENGINES:

@@ -11,7 +11,7 @@ from dashboard import actions, data
 from dashboard import preview as pv
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text
-from dashboard.ui import escape_md, fmt_tokens, open_sidecar_page
+from dashboard.ui import escape_md, fmt_tokens, fmt_ts, open_sidecar_page
 
 settings, ref = open_sidecar_page("Budgeter", "there is no budgeter to show or change.")
 url = settings.database_url
@@ -26,8 +26,14 @@ except data.DatabaseUnavailable as exc:
 if not side or not isinstance(side.get("state"), dict):
     st.warning("The collectors have not recorded this sidecar's /state yet.")
     st.stop()
-state = side["state"].get("budgeter") or {}
-age = now - side["ts"]
+full_state = side["state"]
+fresh = actions.read_back_state(ref.sidecar_url, side["ts"])
+if fresh is not None:
+    full_state = fresh
+    st.caption("Showing the sidecar's state read back right after your change (the collectors' next scrape "
+               "has not stored it yet).")
+state = full_state.get("budgeter") or {}
+age = 0.0 if fresh is not None else now - side["ts"]
 if age > settings.stale_after_seconds:
     st.warning(f"The sidecar's state is {age_text(age)}: what follows may no longer be true.")
 
@@ -47,7 +53,7 @@ cols[4].metric("Demand", f"{fmt_tokens(demand)}" + (f" ({demand / pool:.0%})" if
 if pool is None:
     st.warning("The KV pool size is unknown: the budgeter cannot act on token bands (see the sidecar's warnings "
                "on the Engine page).")
-backlog = side["state"].get("backlog") or {}
+backlog = full_state.get("backlog") or {}
 st.caption(escape_md(f"As of {age_text(age)}: {backlog.get('admitted', '?')} admitted, {backlog.get('parked', '?')} "
                      f"parked, {backlog.get('waiting', '?')} waiting."))
 
@@ -110,3 +116,37 @@ if st.button("Apply", key="budgeter_apply", type="primary", disabled=operator is
     st.rerun()
 if not changed and problem is None:
     st.caption("Change a value to apply it.")
+
+
+def last_change() -> dict | None:
+    """The newest budgeter change on this sidecar with its settings before it (from the audit)."""
+    try:
+        frame = data.audit_for(url, (ref.sidecar_target_id,), now - 30 * 86400, now + 60)
+    except data.DatabaseUnavailable:
+        return None
+    for row in frame.itertuples():
+        if row.action in ("budgeter.update", "budgeter") and isinstance(row.before, dict):
+            return {"ts": row.ts, "actor": row.actor, "before": row.before, "after": row.after}
+    return None
+
+
+st.subheader("Undo the last change")
+change = last_change()
+if change is None:
+    st.caption("No budgeter change of this sidecar in the audit (last 30 days).")
+else:
+    before = {k: change["before"].get(k) for k in ("mode", "low", "high") if change["before"].get(k) is not None}
+    now_cfg = {"mode": current.mode, "low": current.low, "high": current.high}
+    undo = {k: v for k, v in before.items() if now_cfg.get(k) != v}
+    st.text(f"{change['actor'] or '?'} at {fmt_ts(change['ts'])}: " + ", ".join(
+        f"{k} {change['before'].get(k)} -> {(change['after'] or {}).get(k)}" for k in ("mode", "low", "high")
+        if change["before"].get(k) != (change["after"] or {}).get(k)))
+    if st.button("Undo: set " + (", ".join(f"{k} {v}" for k, v in undo.items()) or "nothing (already as before)"),
+                 key="budgeter_undo", disabled=operator is None or not undo,
+                 help=signed_out_reason(settings) if operator is None else None):
+        actions.request(actions.Action(
+            kind="budgeter", engine=ref.key, sidecar_target_id=ref.sidecar_target_id, sidecar_url=ref.sidecar_url,
+            sidecar_name=ref.sidecar_name, params={**undo, "undo_of": f"{change['actor']}@{change['ts']:.0f}"},
+            effect=(f"Undo {change['actor']}'s budgeter change of {fmt_ts(change['ts'])} on engine {ref.key}: set "
+                    + ", ".join(f"{k} {v}" for k, v in undo.items()) + " again. Recorded in the audit as an undo.")))
+        st.rerun()

@@ -82,6 +82,8 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
                    "output budget; the bands are drawn across the whole range.")
     with right:
         st.plotly_chart(figures["backlog"], key="engine_backlog", width="stretch")
+        if "admission" in figures:
+            st.plotly_chart(figures["admission"], key="engine_admission", width="stretch")
         st.plotly_chart(figures["cost"], key="engine_cost", width="stretch")
         st.caption(f"Cached prompt tokens priced at {settings.cached_token_price:g} of an uncached token "
                    "(PREFIXOPS_CACHED_TOKEN_PRICE).")

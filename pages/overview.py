@@ -64,6 +64,8 @@ def render_table(rows: list[dict]) -> None:
     old = {"DOWN", "STALE"}
     styled = styled.apply(lambda row: ["color: #9e9e9e; font-style: italic" if row["state"] in old and col in
                                        NUMBER_FORMATS else "" for col in row.index], axis=1)
+    styled = styled.format({name: ("{:.0%}" if fmt == "percent" else "{:.2f}" if fmt == "%.2f" else "{:.0f}")
+                            for name, fmt in NUMBER_FORMATS.items()}, na_rep="-")
     config = {name: st.column_config.NumberColumn(name, format=fmt) for name, fmt in NUMBER_FORMATS.items()}
     config.update({
         "open": st.column_config.LinkColumn("open", display_text="Engine page", width="small"),
@@ -110,6 +112,8 @@ def fleet_panel() -> None:
             line[2].markdown(escape_md(r["why"]))
         if len(attention) > ATTENTION_SHOWN:
             st.caption(f"... and {len(attention) - ATTENTION_SHOWN} more in the table below.")
+            with st.expander(f"All {len(attention)} needing attention, with the cause and next step in full"):
+                st.text("\n".join(f"{r['state']:<11} {r['engine']}: {r['why']}" for r in attention))
     st.caption(f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
                f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
                "stale engine are its last known values (grey).")

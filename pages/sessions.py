@@ -90,8 +90,9 @@ except data.DatabaseUnavailable as exc:
     st.error(str(exc))
     st.stop()
 options = list(current["session_id"].astype(str)) if not current.empty else []
+# No "Select all" entry in a destructive picker: parking everyone is never one slip away.
 selected = st.multiselect("Sessions to act on (from the filtered list)", options, key="sessions_selected",
-                          disabled=operator is None)
+                          disabled=operator is None, select_all=False)
 pin = st.checkbox("Pin when unparking (exempt from automatic parking until the session ends)", key="sessions_pin",
                   disabled=operator is None)
 cols = st.columns(4)

@@ -10,8 +10,6 @@ import os
 import resource
 import sys
 
-import uvicorn
-
 from .settings import Settings, SettingsError, build_parser, settings_from_args
 
 log = logging.getLogger("sidecar")
@@ -43,19 +41,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     raise_fd_limit()
     from .app import create_app
+    from .server import protocol_for, serve
 
     try:
-        app = create_app(settings)
+        protocol = protocol_for(settings)
+        app = create_app(settings, body_deadline=protocol is None)
     except Exception as exc:  # e.g. an unreadable state db path: one line, no traceback
         print(f"sidecar: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     log.info("sidecar for %s on http://%s:%d (state db %s)", settings.engine, settings.host, settings.port,
              settings.state_db)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, workers=1,
-                            log_level=settings.log_level.lower(), access_log=settings.access_log,
-                            timeout_graceful_shutdown=5, backlog=4096, timeout_keep_alive=75, loop=settings.loop,
-                            http=settings.http)
-    uvicorn.Server(config).run()
+    serve(app, settings, protocol)
     return 0
 
 

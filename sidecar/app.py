@@ -10,16 +10,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry
 
 from . import errors, routes_control, routes_read, routes_traffic
 from .auth import Auth
 from .context import Sidecar
 from .control import ControlPlane
+from .control_state import Refused
 from .engine_proxy import EngineProxy
 from .metrics import SidecarCollector
-from .middleware import BodyLimit
+from .middleware import Guard
 from .settings import Settings
 from .store import Store
 
@@ -28,9 +30,10 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings, *, store: Store | None = None,
                transport: httpx.AsyncBaseTransport | None = None,
-               clock: Callable[[], float] = time.time) -> FastAPI:
+               clock: Callable[[], float] = time.time, body_deadline: bool = True) -> FastAPI:
     """The sidecar app. ``store`` defaults to the SQLite db at ``settings.state_db``; ``transport`` and
-    ``clock`` are test seams."""
+    ``clock`` are test seams. ``body_deadline=False`` when the server already bounds request reads
+    (sidecar.server's protocol): proxied bodies then cost no timer per read."""
     if store is None:
         store = Store(settings.state_db)
     cp = ControlPlane(settings, store, clock)
@@ -46,6 +49,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
             if error:
                 log.warning("%s", error)
             cp.set_pool(tokens, kind, error)
+            cp.set_context_length(await engine.context_length())
             await asyncio.sleep(settings.pool_refresh_s)
 
     async def tick_loop() -> None:
@@ -73,6 +77,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             cp.persist(force=True)
+            cp.flush_turns()
             await engine.close()
             store.close()
 
@@ -84,8 +89,16 @@ def create_app(settings: Settings, *, store: Store | None = None,
     )
     app.state.control = cp
     app.state.sidecar = sc
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, control_bytes=settings.control_body_bytes)
+    app.add_middleware(Guard, max_bytes=settings.max_body_bytes, control_bytes=settings.control_body_bytes,
+                       allowed_hosts=settings.hosts(), read_timeout_s=settings.read_timeout_s,
+                       proxied_deadline=body_deadline)
     errors.install(app)
+
+    async def refused(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Refused)
+        return errors.error_response(exc.status, exc.kind, str(exc), field=exc.field)
+
+    app.add_exception_handler(Refused, refused)
     app.include_router(routes_traffic.router(sc))
     app.include_router(routes_read.router(sc))
     app.include_router(routes_control.router(sc))

@@ -25,43 +25,38 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from core.budgeter import PARKED, SESSION_STATES, ConfigError, UnknownSession
 from core.compaction import CompactionPolicy, SubtreeTracker, Urgency, WarmthConfig, decide_compaction
 from core.reuse import LastTurns, RegimeConfig, RegimeDetector, TimeWindow, normalise_turn
 
-from .control_state import Counters, Deferral, Persistence, SessionExtra
+from .control_state import (
+    HELD_STATUS,
+    UNBOUNDED_TOKENS,
+    Counters,
+    Deferral,
+    Persistence,
+    Refused,
+    SessionExtra,
+    TurnRefused,
+    TurnTicket,
+)
 from .control_views import Views
+from .openai_payload import checked_usage
 from .settings import Settings
 from .store import Store
+from .turns import TurnTracing
 from .waits import WaitStats
 
 log = logging.getLogger(__name__)
 
-HELD_STATUS = {"ended": 409, "disconnected": 499, "timeout": 503}
-
-
-@dataclass
-class TurnTicket:
-    """One proxied completion request, from admission to its finish."""
-
-    path: str
-    session_id: str | None
-    subtree: str | None
-    prompt_estimate: int
-    output_budget: int | None
-    end_session: bool = False
-    request_id: str = ""
-    started: float = 0.0
-    finished: bool = False
-
-
-class ControlPlane(Persistence, Views):
+class ControlPlane(Persistence, Views, TurnTracing):
     def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
@@ -94,40 +89,72 @@ class ControlPlane(Persistence, Views):
         self._persisted: dict[str, tuple[Any, ...]] = {}
         self._persisted_config: dict[str, Any] | None = None
         self.restored = False
+        self.context_length: int | None = None  # the engine's max_model_len, read with the pool size
         self.budgeter = self._restore_budgeter()
         self._restore_deferral()
         if settings.pool_tokens is not None:
             self.budgeter.set_pool(settings.pool_tokens)
+            self.cap_demand()
             self.pool_source = "flag"
         if store is not None:
             self.decision_counts = store.decision_counts()
         self._request_ids = itertools.count(1)
+        self._init_turns(store, settings.turns_retention_s)
+        self.store_error: str | None = None
+        self._store_failed_at = -math.inf
+        self._usage_warned_at = -math.inf
         self.admission_waits = WaitStats()  # held turns: arrival to forwarding
         self.park_durations = WaitStats()  # park to re-admission, unpark or end
         self._parked_since: dict[str, float] = {
             s.id: s.parked_since for s in self.budgeter.sessions() if s.state == PARKED and s.parked_since is not None}
 
     # ------------------------------------------------------------ turn API
+    def bound_turn(self, ticket: TurnTicket) -> None:
+        """No single request's demand above the high band (issue 11 item 3): a prompt larger than the band
+        is refused (TurnRefused, 400); an output budget is clamped to the engine's context length and to
+        the room left under the band."""
+        budget = self.budgeter.config.default_output_budget if ticket.output_budget is None \
+            else ticket.output_budget
+        if self.context_length is not None and budget > self.context_length - ticket.prompt_estimate:
+            ticket.output_budget = budget = max(0, self.context_length - ticket.prompt_estimate)
+        pool = self.budgeter.pool_tokens
+        if pool is None:
+            return
+        high = int(self.budgeter.config.high * pool)
+        if ticket.prompt_estimate > high:
+            raise TurnRefused(400, "request_too_large",
+                              f"the prompt (about {ticket.prompt_estimate} tokens) is larger than the high band "
+                              f"({high} of the {pool}-token KV pool): it cannot be admitted", field="messages")
+        if budget > high - ticket.prompt_estimate:
+            ticket.output_budget = high - ticket.prompt_estimate
+
     async def admit(self, ticket: TurnTicket, disconnected: Callable[[], Awaitable[Any]]) -> str:
         """Admission of a session's turn: ``"forward"`` now or after a hold, else why not (``"ended"``,
         ``"disconnected"``, ``"timeout"``; counted per endpoint)."""
         assert ticket.session_id is not None
         held_at: float | None = None
+        parked = False
         while True:
             if self.request_turn(ticket.session_id, ticket.prompt_estimate, ticket.output_budget) == "forward":
                 break
             if held_at is None:
                 held_at = self.clock()
+            parked = parked or ticket.session_id in self._parked_since
             outcome = await self.hold(ticket.session_id, disconnected)
             if outcome == "retry":
                 continue
             if outcome != "forward":
                 self.counters.request(ticket.path, f"held_{HELD_STATUS[outcome]}")
+                ticket.held_s = self.clock() - held_at
+                ticket.parked_s = ticket.held_s if parked else 0.0
+                self.trace_turn(ticket, None, None, None, None, f"held_{HELD_STATUS[outcome]}")
                 return outcome
             break
         if held_at is not None:
             now = self.clock()
             self.admission_waits.observe(now, now - held_at)
+            ticket.held_s = now - held_at
+            ticket.parked_s = ticket.held_s if parked else 0.0
         return "forward"
 
     def begin_turn(self, ticket: TurnTicket) -> None:
@@ -148,13 +175,20 @@ class ControlPlane(Persistence, Views):
             return
         ticket.finished = True
         self.in_flight -= 1
-        prompt, cached, completion = usage
+        prompt, cached, completion, problem = checked_usage(*usage, self.budgeter.pool_tokens or UNBOUNDED_TOKENS)
+        if problem is not None:
+            self.counters.usage_rejected += 1
+            now = self.clock()
+            if now - self._usage_warned_at > 60:
+                self._usage_warned_at = now
+                log.warning("engine usage ignored (%d so far): %s", self.counters.usage_rejected, problem)
         if ok and prompt is None:
             # A success without usage (an engine that reports none): the turn counts, its cache use is
             # unknown, and the prompt size is the estimate.
             prompt, cached, completion = ticket.prompt_estimate, None, completion or 0
-        self.turn_done(ticket.session_id, prompt, cached, completion, time.monotonic() - ticket.started, ok,
-                       ticket.subtree)
+        latency = time.monotonic() - ticket.started
+        self.turn_done(ticket.session_id, prompt, cached, completion, latency, ok, ticket.subtree)
+        self.trace_turn(ticket, prompt, cached, completion, latency, "ok" if ok else "error")
         if ticket.session_id is None:
             self.budgeter.remove_unsessioned(ticket.request_id)
             self.unsessioned_in_flight -= 1
@@ -167,12 +201,26 @@ class ControlPlane(Persistence, Views):
     def request_turn(self, session_id: str, prompt_tokens: int, output_budget: int | None) -> str:
         self._dirty = True
         now = self.clock()
+        if session_id not in self.updated and len(self.updated) >= self.settings.max_sessions:
+            self._evict_one(now)
         self.updated[session_id] = now
         parked = self.budgeter.counts()[PARKED]
         decision = self.budgeter.request_turn(session_id, now, prompt_tokens, output_budget)
         if decision == "hold" and self.budgeter.counts()[PARKED] > parked:  # parked at its turn boundary
             self._parked(session_id, now)
         return decision
+
+    def _evict_one(self, now: float) -> None:
+        """At --max-sessions: end the session idle the longest (reason ``evicted``), or refuse (503)."""
+        idle = [s for s in self.budgeter.sessions() if s.inflight == 0 and not s.held
+                and not (s.state == PARKED and s.manual) and s.id not in self._held]
+        if not idle:
+            raise TurnRefused(503, "too_many_sessions", f"the sidecar tracks its maximum of "
+                              f"{self.settings.max_sessions} sessions and none is idle; retry later")
+        oldest = min(idle, key=lambda s: (s.last_activity, s.id))
+        self.end_session(oldest.id, "evicted")
+        log.warning("session %r evicted (idle %.0f s): --max-sessions %d reached", oldest.id,
+                    now - oldest.last_activity, self.settings.max_sessions)
 
     def _parked(self, session_id: str, now: float) -> None:
         if session_id not in self._parked_since:
@@ -326,39 +374,23 @@ class ControlPlane(Persistence, Views):
             self.deferral = None
             self._persist_deferral()
         self.persist()
-
-    def set_pool(self, tokens: int | None, kind: str | None, error: str | None) -> None:
-        if self.settings.pool_tokens is not None:
-            self.engine_kind = kind or self.engine_kind
-            return
-        if tokens is not None:
-            if tokens != self.budgeter.pool_tokens:
-                log.info("KV pool: %d tokens (%s)", tokens, kind)
-            self.budgeter.set_pool(tokens)
-            self.pool_source = "engine"
-            self.pool_error = None
-            self.engine_kind = kind
-        else:
-            if self.budgeter.pool_tokens is None:
-                self.pool_error = error
-            else:
-                # Keep the last known pool: a missed scrape must not switch the budgeter off.
-                self.pool_error = f"{error} (keeping the last known pool size)"
-
-    def engine_failed(self, message: str) -> None:
-        self.counters.engine_errors += 1
-        self.engine_error = message
-        self.engine_error_at = self.clock()
+        self.flush_turns()
 
     # --------------------------------------------------------- operator
     def audit(self, actor: str, role: str, action: str, params: Any, before: Any, after: Any) -> int:
         if self.store is None:
             return 0
-        return self.store.append_audit(self.clock(), actor, role, action, params, before, after)
+        try:
+            return self.store.append_audit(self.clock(), actor, role, action, params, before, after)
+        except sqlite3.Error as exc:  # rare: check_writable passed a moment ago
+            self.store_failed(exc)
+            log.error("audit entry lost: %s by %s %r: %s", action, role, actor, params)
+            return 0
 
     def update_budgeter(self, changes: dict[str, Any], actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.budgeter_settings()
-        new = self.budgeter.config.replace(**changes)  # ConfigError propagates: nothing changed
+        new = self.budgeter.config.replace(**changes)  # ConfigError first: a bad value is a 422 either way
+        self.check_writable()  # Refused (503) when it could not be persisted: nothing changed
         self.budgeter.set_config(new)
         after = self.budgeter_settings()
         self._dirty = True
@@ -370,6 +402,7 @@ class ControlPlane(Persistence, Views):
 
     def park(self, session_id: str, actor: str, role: str, reason: str | None = None) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)  # UnknownSession propagates
+        self.check_writable()
         self.budgeter.park(session_id, self.clock(), manual=True)
         self._parked(session_id, self.clock())
         self.touch(session_id)
@@ -386,6 +419,7 @@ class ControlPlane(Persistence, Views):
 
     def unpark(self, session_id: str, pin: bool, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)
+        self.check_writable()
         had_held = self.budgeter.unpark(session_id, self.clock(), pin=pin)
         self._park_ended(session_id, self.clock(), unparked=True)
         self.touch(session_id)
@@ -400,6 +434,7 @@ class ControlPlane(Persistence, Views):
 
     def delete_session(self, session_id: str, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.session_doc(session_id)
+        self.check_writable()
         record = self.end_session(session_id, "deleted")
         assert record is not None
         self.persist_session(session_id)
@@ -408,6 +443,7 @@ class ControlPlane(Persistence, Views):
 
     def defer_compaction(self, until: float, reason: str, actor: str, role: str) -> tuple[dict[str, Any], int]:
         before = self.compaction_state()
+        self.check_writable()
         self.deferral = Deferral(until=until, reason=reason, actor=actor, since=self.clock())
         self._persist_deferral()
         after = self.compaction_state()
@@ -416,6 +452,7 @@ class ControlPlane(Persistence, Views):
 
     def allow_compaction(self, actor: str, role: str, reason: str = "") -> tuple[dict[str, Any], int]:
         before = self.compaction_state()
+        self.check_writable()
         self.deferral = None
         self._persist_deferral()
         after = self.compaction_state()
@@ -437,7 +474,12 @@ class ControlPlane(Persistence, Views):
             "warm": d.warm, "recent_hits": d.recent_hits, "recent_cached_tokens": d.recent_cached_tokens,
             "token_weighted": window.token_weighted, "divergence": window.divergence,
         } for d in decisions]
-        ids = self.store.append_decisions(rows) if self.store is not None else [0] * len(rows)
+        ids = [0] * len(rows)
+        if self.store is not None:
+            try:
+                ids = self.store.append_decisions(rows)
+            except sqlite3.Error as exc:  # fail open: the decisions are answered, not recorded
+                self.store_failed(exc)
         for row, row_id in zip(rows, ids, strict=True):
             row["id"] = row_id
             key = (row["decision"], urgency)
@@ -448,4 +490,5 @@ class ControlPlane(Persistence, Views):
 
 
 
-__all__ = ["ControlPlane", "SESSION_STATES", "UnknownSession", "ConfigError"]
+__all__ = ["ControlPlane", "SESSION_STATES", "UnknownSession", "ConfigError", "HELD_STATUS", "Refused", "TurnRefused",
+           "TurnTicket"]

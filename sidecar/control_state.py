@@ -1,10 +1,13 @@
-"""The control plane's records (session extras, deferral, counters) and its persistence to the
-state store: restore at start, write what changed, write one session at once after a control action."""
+"""The control plane's records (session extras, deferral, counters, turn tickets), its persistence
+to the state store (restore at start, write what changed, write one session at once after a control
+action; fail open when the store cannot be written) and what it knows of the engine (pool size,
+errors)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +21,16 @@ from .settings import Settings
 from .store import Store
 
 log = logging.getLogger(__name__)
+
+STORE_RETRY_S = 5.0  # after a failed write, the periodic persist retries this often
+
+
+class Refused(ValueError):
+    """A request the control plane refuses; ``status``, ``kind`` and ``field`` say how to answer it."""
+
+    def __init__(self, status: int, kind: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.field = status, kind, field
 
 @dataclass
 class SessionExtra:
@@ -61,11 +74,39 @@ class Counters:
     known_cached_tokens: int = 0  # cached tokens of known turns (R_t numerator)
     parks: int = 0  # automatic and manual
     unparks: int = 0  # re-admissions of parked sessions and manual unparks
+    usage_rejected: int = 0  # engine usage reports out of range (ignored)
 
     def request(self, endpoint: str, outcome: str) -> None:
         key = (endpoint, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
 
+
+
+HELD_STATUS = {"ended": 409, "disconnected": 499, "timeout": 503}
+UNBOUNDED_TOKENS = 2**40  # the range check for engine usage while the pool size is unknown
+
+
+
+
+@dataclass
+class TurnTicket:
+    """One proxied completion request, from admission to its finish."""
+
+    path: str
+    session_id: str | None
+    subtree: str | None
+    prompt_estimate: int
+    output_budget: int | None
+    end_session: bool = False
+    request_id: str = ""
+    started: float = 0.0
+    finished: bool = False
+    model: Any = None
+    held_s: float = 0.0  # admission to forwarding
+    parked_s: float = 0.0  # the hold, when its session was parked during it
+
+
+TurnRefused = Refused  # a turn the sidecar will not admit
 
 
 class Persistence:
@@ -96,6 +137,7 @@ class Persistence:
     engine_kind: str | None
     engine_error: str | None
     engine_error_at: float | None
+    context_length: int | None
     updated: dict[str, float]
     restored: bool
     budgeter: Budgeter
@@ -103,6 +145,8 @@ class Persistence:
     _last_persist: float
     _persisted: dict[str, tuple[Any, ...]]
     _persisted_config: dict[str, Any] | None
+    store_error: str | None
+    _store_failed_at: float
 
     # ------------------------------------------------------------ restore
     def _default_config(self) -> BudgeterConfig:
@@ -152,30 +196,63 @@ class Persistence:
 
     # -------------------------------------------------------- persistence
     def persist(self, force: bool = False) -> None:
+        """Write what changed since the last write. A store that cannot be written (disk full, locked)
+        does not stop anything: the error is kept for /healthz and the write retried later."""
         if self.store is None:
             return
         now = self.clock()
         if not force and (not self._dirty or now - self._last_persist < self.settings.persist_every_s):
             return
+        if not force and self.store_error is not None and now - self._store_failed_at < STORE_RETRY_S:
+            return
         # Only what changed since the last write: a control action on one of 2,000 sessions writes one row.
         config = self.budgeter.config.to_dict()
-        if config != self._persisted_config:
-            self.store.put("budgeter_config", config, now)
-            self._persisted_config = config
         upserts = []
-        seen = set()
+        keys = {}
         for s in self.budgeter.sessions():
-            seen.add(s.id)
             key = self._session_key(s)
+            keys[s.id] = key
             if self._persisted.get(s.id) != key:
                 upserts.append((s.id, vars(s)))
-                self._persisted[s.id] = key
-        deletes = [sid for sid in self._persisted if sid not in seen]
+        deletes = [sid for sid in self._persisted if sid not in keys]
+        try:
+            if config != self._persisted_config:
+                self.store.put("budgeter_config", config, now)
+            self.store.write_sessions(upserts, deletes)
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
+            return
+        self.store_ok()
+        self._persisted_config = config
+        for sid, _ in upserts:
+            self._persisted[sid] = keys[sid]
         for sid in deletes:
             del self._persisted[sid]
-        self.store.write_sessions(upserts, deletes)
         self._dirty = False
         self._last_persist = now
+
+    def store_failed(self, exc: BaseException) -> None:
+        message = f"state store {self.settings.state_db} cannot be written: {type(exc).__name__}: {exc}"
+        if message != self.store_error:
+            log.error("%s; traffic keeps flowing, control changes are refused until it can be written", message)
+        self.store_error = message
+        self._store_failed_at = self.clock()
+
+    def store_ok(self) -> None:
+        if self.store_error is not None:
+            log.warning("state store %s writable again", self.settings.state_db)
+        self.store_error = None
+
+    def check_writable(self) -> None:
+        """Before a control change: refuse it (503 not_persisted) when the store cannot be written."""
+        if self.store is None:
+            return
+        try:
+            self.store.probe(self.clock())
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
+            raise Refused(503, "not_persisted", f"{self.store_error}: the change was not applied") from None
+        self.store_ok()
 
     def persist_session(self, session_id: str) -> None:
         """Write one session's row (and the config) now: a control action must survive a SIGKILL."""
@@ -183,15 +260,19 @@ class Persistence:
             return
         now = self.clock()
         config = self.budgeter.config.to_dict()
-        if config != self._persisted_config:
-            self.store.put("budgeter_config", config, now)
-            self._persisted_config = config
-        if session_id in self.budgeter:
-            s = self.budgeter.session(session_id)
-            self._persisted[session_id] = self._session_key(s)
-            self.store.write_sessions([(session_id, vars(s))], [])
-        elif self._persisted.pop(session_id, None) is not None:
-            self.store.write_sessions([], [session_id])
+        try:
+            if config != self._persisted_config:
+                self.store.put("budgeter_config", config, now)
+                self._persisted_config = config
+            if session_id in self.budgeter:
+                s = self.budgeter.session(session_id)
+                self.store.write_sessions([(session_id, vars(s))], [])
+                self._persisted[session_id] = self._session_key(s)
+            elif session_id in self._persisted:
+                self.store.write_sessions([], [session_id])
+                del self._persisted[session_id]
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
 
     @staticmethod
     def _session_key(s: Any) -> tuple[Any, ...]:
@@ -204,5 +285,49 @@ class Persistence:
         d = self.deferral
         value = None if d is None else {"deferred_until": d.until, "reason": d.reason, "actor": d.actor,
                                         "since": d.since}
-        self.store.put("compaction", value or {"deferred_until": None}, self.clock())
+        try:
+            self.store.put("compaction", value or {"deferred_until": None}, self.clock())
+        except sqlite3.Error as exc:
+            self.store_failed(exc)
 
+    # ------------------------------------------------------------ engine
+    def set_pool(self, tokens: int | None, kind: str | None, error: str | None) -> None:
+        if self.settings.pool_tokens is not None:
+            self.engine_kind = kind or self.engine_kind
+            return
+        if tokens is not None:
+            if tokens != self.budgeter.pool_tokens:
+                log.info("KV pool: %d tokens (%s)", tokens, kind)
+            self.budgeter.set_pool(tokens)
+            self.cap_demand()
+            self.pool_source = "engine"
+            self.pool_error = None
+            self.engine_kind = kind
+        else:
+            if self.budgeter.pool_tokens is None:
+                self.pool_error = error
+            else:
+                # Keep the last known pool: a missed scrape must not switch the budgeter off.
+                self.pool_error = f"{error} (keeping the last known pool size)"
+
+    def cap_demand(self) -> None:
+        """No session's demand above the high band or the engine's context length (budgets restored from
+        before the clamp included)."""
+        pool = self.budgeter.pool_tokens
+        limits = [n for n in (self.context_length,
+                              None if pool is None else int(self.budgeter.config.high * pool)) if n is not None]
+        if limits:
+            capped = self.budgeter.cap_demand(min(limits))
+            if capped:
+                log.warning("output budgets of %d sessions lowered to fit under %d tokens: %s", len(capped),
+                            min(limits), ", ".join(repr(c) for c in capped[:5]))
+
+    def set_context_length(self, tokens: int | None) -> None:
+        if tokens is not None and tokens != self.context_length:
+            self.context_length = tokens
+            self.cap_demand()
+
+    def engine_failed(self, message: str) -> None:
+        self.counters.engine_errors += 1
+        self.engine_error = message
+        self.engine_error_at = self.clock()

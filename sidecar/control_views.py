@@ -60,6 +60,7 @@ class Views:
     _last_persist: float
     _persisted: dict[str, tuple[Any, ...]]
     _persisted_config: dict[str, Any] | None
+    store_error: str | None
     admission_waits: WaitStats
     park_durations: WaitStats
 
@@ -194,9 +195,19 @@ class Views:
             out.append(f"engine errors in the last {self.settings.window_s:.0f} s; last: {self.engine_error}")
         return out
 
+    def degraded_reasons(self) -> list[str]:
+        """Why the sidecar runs degraded (it fails open: traffic keeps flowing)."""
+        out = []
+        if self.store_error is not None:
+            out.append(f"{self.store_error}: control changes are refused")
+        if self.pool_error is not None:
+            out.append(self.pool_error)
+        return out
+
     def health_doc(self) -> dict[str, Any]:
-        return {"status": "ok", "uptime_s": self.clock() - self.started_at, "engine": self.settings.engine,
-                "read_only": not self.settings.operator_token}
+        reasons = self.degraded_reasons()
+        return {"status": "degraded" if reasons else "ok", "uptime_s": self.clock() - self.started_at,
+                "engine": self.settings.engine, "read_only": not self.settings.operator_token, "reasons": reasons}
 
     def state_doc(self, include_sessions: bool = False) -> dict[str, Any]:
         """The /state document: counts, not every session (``include_sessions`` embeds them as before)."""
@@ -211,6 +222,7 @@ class Views:
         cfg = self.budgeter.config
         acting = cfg.mode in ("session-cap-park", "latency-park", "off") or pool is not None
         oldest_waiting, oldest_parked = self.oldest_waits()
+        degraded = self.degraded_reasons()
         reuse: dict[str, Any] = dict(stats.as_dict())
         reuse.update(regime=regime, window_s=self.window.window_s, regime_judged=self.regime.judged,
                      regime_enter=self.regime.config.enter, regime_exit=self.regime.config.exit,
@@ -266,6 +278,8 @@ class Views:
             },
             "compaction": self.compaction_state(),
             "warnings": self.warnings(),
+            "health": "degraded" if degraded else "ok",
+            "degraded_reasons": degraded,
         }
         if include_sessions:
             doc["sessions"] = [

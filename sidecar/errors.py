@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,25 @@ async def internal_error_handler(request: Request, exc: Exception) -> JSONRespon
     return error_response(500, "internal_error", f"internal error ({type(exc).__name__}); see the sidecar log")
 
 
+HTTP_KINDS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+              413: "body_too_large", 415: "unsupported_media_type", 422: "invalid_value"}
+
+
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (unknown route, wrong method, a body it could not read) in the documented shape."""
+    assert isinstance(exc, StarletteHTTPException)
+    kind = HTTP_KINDS.get(exc.status_code, "invalid_request" if exc.status_code < 500 else "internal_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(exc.status_code, kind, message, dict(exc.headers) if exc.headers else None)
+
+
+async def recursion_handler(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(400, "invalid_request", "request body is nested too deeply", field="body")
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
+    app.add_exception_handler(RecursionError, recursion_handler)
     app.add_exception_handler(Exception, internal_error_handler)

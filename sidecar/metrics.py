@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _float_to_go_string
 
 from core.budgeter import CONTROLS, SESSION_STATES
 
@@ -128,12 +128,18 @@ METRICS: tuple[MetricDef, ...] = (
 )
 
 
+def float_to_go(value: float) -> str:
+    """Prometheus' own spelling of a bucket bound (``30.0``, ``+Inf``)."""
+    text: str = _float_to_go_string(value)  # type: ignore[no-untyped-call]
+    return text
+
+
 def _family(m: MetricDef, samples: Samples) -> Metric:
     name = P + m.name
     if m.kind == "histogram":
         h = HistogramMetricFamily(name, m.doc, labels=list(m.labels))
         for labels, stats in samples:
-            buckets = [(floatToGoString(bound), float(n)) for bound, n in stats.cumulative()]
+            buckets = [(float_to_go(bound), float(n)) for bound, n in stats.cumulative()]
             h.add_metric(list(labels), buckets=buckets, sum_value=stats.sum)
         return h
     family: Metric = (CounterMetricFamily if m.kind == "counter" else GaugeMetricFamily)(

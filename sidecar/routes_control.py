@@ -75,7 +75,7 @@ def router(sc: Sidecar) -> APIRouter:
                            value=json_safe(changes)) from None
         return JSONResponse(json_safe({"budgeter": after, "audit_id": audit_id}))
 
-    @api.post("/control/sessions/{session_id}/park")
+    @api.post("/control/sessions/{session_id:path}/park")
     async def control_park(who: Operator, session_id: SessionIdPath,
                            body: Annotated[ParkBody | None, Body()] = None) -> JSONResponse:
         actor, role = who
@@ -85,7 +85,7 @@ def router(sc: Sidecar) -> APIRouter:
             raise unknown(session_id) from None
         return JSONResponse(json_safe({"session": doc, "audit_id": audit_id}))
 
-    @api.post("/control/sessions/{session_id}/unpark")
+    @api.post("/control/sessions/{session_id:path}/unpark")
     async def control_unpark(who: Operator, session_id: SessionIdPath,
                              body: Annotated[UnparkBody | None, Body()] = None) -> JSONResponse:
         actor, role = who

@@ -18,7 +18,7 @@ from core.budgeter import UnknownSession
 from core.compaction import URGENCIES
 
 from .context import Sidecar
-from .control import HELD_STATUS, TurnTicket
+from .control import HELD_STATUS, TurnRefused, TurnTicket
 from .errors import ApiError, error_body, error_response, json_safe
 from .openai_payload import SseReframer, estimate_prompt_tokens, output_budget, subtree_of, usage_numbers
 
@@ -36,6 +36,17 @@ class CompactionRequest(BaseModel):
     subtrees: list[SubtreeId] = Field(min_length=1, max_length=1000)
     reason: str = Field(default="", max_length=1000)
     urgency: Literal[URGENCIES] = "normal"  # type: ignore[valid-type]
+
+
+def check_session_id(session_id: str) -> None:
+    """Session ids are 1-256 printable ASCII characters without spaces; ``/`` is fine (``tenant/agent``), but
+    a ``.`` or ``..`` path segment is refused: URLs cannot address it (clients normalise it away)."""
+    if not SESSION_ID_RE.match(session_id):
+        raise ApiError(400, "invalid_request", "X-Session-Id must be 1-256 printable ASCII characters without "
+                       f"spaces, got {session_id[:60]!r}", field="X-Session-Id")
+    if any(part in (".", "..") for part in session_id.split("/")):
+        raise ApiError(400, "invalid_request", "X-Session-Id must not have a '.' or '..' segment (the control "
+                       f"API could not address it), got {session_id[:60]!r}", field="X-Session-Id")
 
 
 def parse_payload(body: bytes) -> dict[str, Any]:
@@ -73,9 +84,8 @@ def router(sc: Sidecar) -> APIRouter:
         payload = parse_payload(body)
         headers = request.headers
         session_id = headers.get("x-session-id")
-        if session_id is not None and not SESSION_ID_RE.match(session_id):
-            raise ApiError(400, "invalid_request", "X-Session-Id must be 1-256 printable ASCII characters without "
-                           f"spaces, got {session_id[:60]!r}", field="X-Session-Id")
+        if session_id is not None:
+            check_session_id(session_id)
         end_value = headers.get("x-session-end")
         stream = payload.get("stream") is True
         stream_options = payload.get("stream_options")
@@ -87,11 +97,16 @@ def router(sc: Sidecar) -> APIRouter:
         ticket = TurnTicket(path=path, session_id=session_id, subtree=subtree_of(payload, headers.get("x-prefix-id")),
                             prompt_estimate=estimate_prompt_tokens(payload, settings.chars_per_token),
                             output_budget=output_budget(payload),
-                            end_session=end_value is not None and end_value.strip().lower() in TRUE_VALUES)
-        if session_id is not None:
-            outcome = await cp.admit(ticket, request.receive)
-            if outcome != "forward":
-                return held_response(outcome, session_id)
+                            end_session=end_value is not None and end_value.strip().lower() in TRUE_VALUES,
+                            model=payload.get("model"))
+        try:
+            cp.bound_turn(ticket)
+            if session_id is not None:
+                outcome = await cp.admit(ticket, request.receive)
+                if outcome != "forward":
+                    return held_response(outcome, session_id)
+        except TurnRefused as exc:
+            raise ApiError(exc.status, exc.kind, str(exc), field=exc.field) from None
         cp.begin_turn(ticket)
         fwd = engine.forward_headers(request)
         if not stream:
@@ -178,13 +193,12 @@ def router(sc: Sidecar) -> APIRouter:
         query = ("?" + request.url.query) if request.url.query else ""
         return await engine.forward(request, "/v1/" + path + query, body)
 
-    @api.delete("/sessions/{session_id}", tags=["traffic"],
-                summary="End a session (as X-Session-End: true does); held turns get 409")
-    async def delete_session(request: Request, session_id: SessionIdPath) -> JSONResponse:
-        if auth.is_operator(request):
-            actor, role = auth.operator(request)
-        else:
-            actor, role = "client", "client"
+    @api.delete("/sessions/{session_id:path}", tags=["traffic"],
+                summary="End a session (as X-Session-End: true does); held turns get 409. Needs the operator "
+                        "token, or the client token (PREFIXOPS_CLIENT_TOKEN) for a client ending its own session")
+    async def delete_session(who: Annotated[tuple[str, str], Depends(auth.session_ender)],
+                             session_id: SessionIdPath) -> JSONResponse:
+        actor, role = who
         try:
             record, audit_id = cp.delete_session(session_id, actor, role)
         except UnknownSession:

@@ -62,14 +62,15 @@ DECISION_COLUMNS = ("id", "ts", "request_id", "subtree_id", "decision", "reason"
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, busy_timeout_ms: int = 500) -> None:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
+        # short: a locked store must not stall the event loop (the sidecar fails open and retries)
+        self._db.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         self._db.executescript(SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(decisions)")}
         for column in ("token_weighted", "divergence"):  # added after the first release of the schema
@@ -90,6 +91,10 @@ class Store:
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated = excluded.updated",
             (key, json.dumps(value, separators=(",", ":")), now),
         )
+
+    def probe(self, now: float) -> None:
+        """A real write (raises sqlite3.Error when the store cannot be written: disk full, locked)."""
+        self.put("probe", now, now)
 
     # ------------------------------------------------------------ sessions
     def write_sessions(self, upserts: list[tuple[str, Any]], deletes: list[str]) -> None:

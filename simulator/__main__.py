@@ -1,4 +1,5 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit}``; ``--help`` on each."""
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval}``; ``--help``
+on each."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
      "simulator.live_run", "add_arguments", "live_run_command"),
     ("fit", "probe a real engine and fit the cost model and pool (fit.json)",
      "simulator.fit", "add_fit_arguments", "fit_command"),
+    ("warning-eval", "lead time and false alarms of the collapse-risk warning across the tipping point",
+     "simulator.warning_eval", "add_arguments", "command"),
 ]
 
 

@@ -38,7 +38,9 @@ CONTROLS = ("off", "admission-only", "latency-park", "session-cap-park", "budget
 SERIES_FIELDS = ("t", "engine_hit_ratio", "token_weighted", "request_weighted", "turns_per_s",
                  "sessions_in_system", "parked", "waiting_sessions", "admitted", "kv_usage", "kv_resident",
                  "demand_tokens", "running", "waiting", "preemptions", "turns", "prompt_tokens", "cached_tokens",
-                 "hit_turns", "engine_queries", "engine_hits")
+                 "hit_turns", "engine_queries", "engine_hits",
+                 # cumulative engine counters, as vLLM exports them (core.risk's engine-only inputs)
+                 "engine_prompt_tokens", "engine_cached_tokens", "generation_tokens")
 
 
 @dataclass
@@ -207,6 +209,9 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
         series["engine_queries"].append(st.prefix_queries - last_queries)
         series["engine_hits"].append(st.prefix_hits - last_hits)
         last_queries, last_hits = st.prefix_queries, st.prefix_hits
+        series["engine_prompt_tokens"].append(st.prompt_tokens)
+        series["engine_cached_tokens"].append(st.prompt_cached + st.prompt_offloaded)
+        series["generation_tokens"].append(st.generation_tokens)
 
     loop = EventLoop(engine, on_finish)
     for i, when in enumerate(arrivals):

@@ -148,24 +148,29 @@ class RagWorkload:
     of its tokens, so every cached block below the rewrite stops matching.
     """
 
-    rag_rate: float = 1.0  # document-set requests/s, Poisson (open loop)
+    # The preset follows the published mechanism; the sweep that chose it is in docs/simulator-results.md
+    # ("The RAG compaction storm"). Steady: document traffic only, R_t ~0.71 / R_r ~0.93.
+    rag_rate: float = 0.5  # document-set requests/s, Poisson (open loop); 30 per minute keeps the regime judged
     rag_head_tokens: int = 64
     rag_system_tokens: int = 1000  # preamble included
-    doc_sets: int = 16
-    doc_tokens: int = 5000
-    doc_zipf: float = 0.5  # popularity skew over document sets
-    suffix_tokens: int = 2450  # unique question + extra retrieved text
+    doc_sets: int = 8  # a small set of document sets (subtrees)
+    doc_tokens: int = 5000  # with the system prompt: the ~6K-token shared prefix
+    doc_zipf: float = 2.0  # popularity skew over document sets: two or three hot ones, the rest rarely used
+    suffix_tokens: int = 1700  # unique question + extra retrieved text
     cold_fraction: float = 0.06  # requests that share no prefix at all (other tenants)
     rag_output_tokens: int = 100
     storm_start_min: float = 10.0
     storm_minutes: float = 10.0
-    storm_rate: float = 40.0  # extra storm requests/s
-    storm_query_tokens: int = 200  # distinct retrieval + question below the preamble
+    storm_rate: float = 8.0  # extra storm requests/s: ~94% of the storm's requests, ~89% of its tokens
+    storm_query_tokens: int = 2400  # a distinct retrieval (a few document chunks) + question below the preamble
     storm_cold_fraction: float = 0.10
     storm_output_tokens: int = 30
     compaction_trigger: str = "naive"  # "naive" (every N requests), "gate" (core.compaction), "none"
-    compaction_every: int = 60  # requests between compaction jobs (naive: runs; gate: becomes due)
+    # requests between compaction jobs (naive: runs; gate: becomes due): ~17 minutes of steady traffic,
+    # about a minute in the storm, whose requests count too
+    compaction_every: int = 500
     compaction_check_s: float = 10.0  # gated job: how often it asks the gate about due subtrees
+    gate_asks: str = "per-subtree"  # gated job: one gate request per due subtree, or "all-due" in one request
     warmth_window_s: float = 60.0  # the storm's scale (core.compaction.WarmthConfig: 120 s)
     warmth_floor: int = _WARMTH.floor
     top_k_pinned: int = _COMPACTION.top_k_pinned
@@ -186,6 +191,8 @@ class RagWorkload:
                f"storm_cold_fraction must be in [0, 1], got {self.storm_cold_fraction!r}")
         _check(self.compaction_trigger in ("naive", "gate", "none"),
                f"compaction_trigger must be naive, gate or none, got {self.compaction_trigger!r}")
+        _check(self.gate_asks in ("per-subtree", "all-due"),
+               f"gate_asks must be per-subtree or all-due, got {self.gate_asks!r}")
         _check(self.compaction_every >= 1, f"compaction_every must be >= 1, got {self.compaction_every!r}")
         _check(self.compaction_check_s > 0, f"compaction_check_s must be > 0, got {self.compaction_check_s!r}")
         _check(0 <= self.cached_price <= 1, f"cached_price must be in [0, 1], got {self.cached_price!r}")

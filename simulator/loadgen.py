@@ -9,7 +9,9 @@ output; all sessions share one system prompt. The last turn carries
 ``stream_options.include_usage``), the rest do not.
 
 Optional RAG traffic (``--rag-rate``): open-loop requests sharing document-set
-prefixes, named with ``X-Prefix-Id: rag-docs-N``.
+prefixes, named with ``X-Prefix-Id: rag-docs-N``. ``--rag-preset`` sends the
+offline ``rag-storm`` preset instead (document traffic, storms, and the
+compaction job asking the sidecar's gate): see ``simulator.rag_traffic``.
 
 ``--speed`` divides tool latency (use the engine's ``--speed`` so the demo shows
 minutes of agent behaviour in seconds). Errors and 503s from the sidecar are
@@ -58,6 +60,9 @@ class LoadgenConfig:
     rag_doc_sets: int = 4
     rag_doc_tokens: int = 5000
     rag_suffix_tokens: int = 300
+    rag_preset: bool = False
+    rag_storm_every: float = 0.0
+    rag_set: list[str] = field(default_factory=list)
     burst_at: float = -1.0
     burst_seconds: float = 30.0
     burst_rate: float = 0.5
@@ -81,6 +86,12 @@ class LoadgenConfig:
             raise ValueError("--context-growth must exceed --output-tokens")
         if not 0 <= self.stream_fraction <= 1:
             raise ValueError(f"--stream-fraction must be in [0, 1], got {self.stream_fraction}")
+        if self.rag_storm_every < 0:
+            raise ValueError(f"--rag-storm-every must be >= 0, got {self.rag_storm_every}")
+        if self.rag_preset:
+            from simulator.rag_traffic import rag_preset
+
+            rag_preset(self.rag_set)  # a bad --rag-set fails here, naming the key
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadgenConfig:
@@ -89,6 +100,7 @@ class LoadgenConfig:
                    turns=args.turns, initial_context=args.initial_context, context_growth=args.context_growth,
                    output_tokens=args.output_tokens, tool_latency=args.tool_latency,
                    stream_fraction=args.stream_fraction, rag_rate=args.rag_rate, rag_doc_sets=args.rag_doc_sets,
+                   rag_preset=args.rag_preset, rag_storm_every=args.rag_storm_every, rag_set=list(args.rag_set),
                    burst_at=args.burst_at, burst_seconds=args.burst_seconds, burst_rate=args.burst_rate,
                    model=args.model, api_key=args.api_key)
 
@@ -109,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-fraction", type=float, default=d.stream_fraction)
     p.add_argument("--rag-rate", type=float, default=0.0, help="RAG requests per wall second (0: off)")
     p.add_argument("--rag-doc-sets", type=int, default=d.rag_doc_sets)
+    p.add_argument("--rag-preset", action="store_true",
+                   help="RAG traffic of the offline rag-storm preset, scaled by --speed: document-set requests, "
+                        "a storm, and the compaction job asking the sidecar's gate (see simulator/rag_traffic.py)")
+    p.add_argument("--rag-storm-every", type=float, default=0.0,
+                   help="with --rag-preset: wall seconds between storm starts (0: one storm)")
+    p.add_argument("--rag-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --rag-preset: override a setting of the preset (the offline --set keys)")
     p.add_argument("--burst-at", type=float, default=-1.0, help="wall second of a burst of arrivals (<0: none)")
     p.add_argument("--burst-seconds", type=float, default=d.burst_seconds)
     p.add_argument("--burst-rate", type=float, default=d.burst_rate, help="extra sessions/s during the burst")
@@ -337,6 +356,11 @@ class LoadGenerator:
         helpers = [loop.create_task(self.arrivals(tasks)), loop.create_task(self.reporter())]
         if self.cfg.rag_rate > 0:
             helpers.append(loop.create_task(self.rag()))
+        if self.cfg.rag_preset:
+            from simulator.rag_traffic import RagPresetTraffic, rag_preset
+
+            traffic = RagPresetTraffic(self, rag_preset(self.cfg.rag_set), self.cfg.speed, self.cfg.rag_storm_every)
+            helpers.append(loop.create_task(traffic.run()))
         if self.cfg.duration > 0:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.cfg.duration)
@@ -352,7 +376,9 @@ class LoadGenerator:
 
 
 async def _main(cfg: LoadgenConfig) -> None:
-    limits = httpx.Limits(max_connections=cfg.max_sessions * 2 + 64, max_keepalive_connections=cfg.max_sessions + 8)
+    rag = 256 if cfg.rag_preset else 0  # the storm's requests are concurrent
+    limits = httpx.Limits(max_connections=cfg.max_sessions * 2 + 64 + rag,
+                          max_keepalive_connections=cfg.max_sessions + 8 + rag)
     async with httpx.AsyncClient(limits=limits) as client:
         gen = LoadGenerator(cfg, client)
         loop = asyncio.get_running_loop()

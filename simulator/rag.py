@@ -65,6 +65,23 @@ def _stats(done: list[_Done], t0: float, t1: float, kinds: tuple[str, ...] | Non
     }
 
 
+def _after_jobs(docs: list[_Done], jobs: list[float], span: float) -> list[_Done]:
+    """Requests of ``docs`` (by arrival) arriving within ``span`` seconds after any of ``jobs`` (sorted)."""
+    out = []
+    j = 0
+    for dd in docs:
+        while j < len(jobs) and jobs[j] + span <= dd.t_arrival:
+            j += 1
+        if j < len(jobs) and jobs[j] <= dd.t_arrival:
+            out.append(dd)
+    return out
+
+
+def _rt(sel: list[_Done]) -> float | None:
+    prompt = sum(d.prompt for d in sel)
+    return round(sum(d.cached for d in sel) / prompt, 4) if prompt else None
+
+
 def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
     r = cfg.rag
     engine = Engine(cfg.engine, cfg.cost)
@@ -172,8 +189,14 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
             next_check += r.compaction_check_s
             if due:
                 targets = [subtree_ids[d] for d in sorted(due)]
-                decisions = decide_compaction(targets, tracker.stats(now), regime=regime, urgency="normal",
-                                              now=now, deferred_until=None, policy=policy)
+                subtrees = tracker.stats(now)
+                if r.gate_asks == "per-subtree":
+                    decisions = [dec for t in targets for dec in decide_compaction(
+                        [t], subtrees, regime=regime, urgency="normal", now=now, deferred_until=None,
+                        policy=policy)]
+                else:
+                    decisions = decide_compaction(targets, subtrees, regime=regime, urgency="normal", now=now,
+                                                  deferred_until=None, policy=policy)
                 for dec in decisions:
                     if dec.decision == "granted":
                         d = int(dec.subtree_id.rsplit("-", 1)[1])
@@ -198,17 +221,21 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
 
     price = r.cached_price
     storm_end = min(s1, horizon)
+    docs = sorted((d for d in done if d.subtree is not None), key=lambda d: d.t_arrival)
     # the damage of each compaction job fired mid-storm: subtree traffic arriving in the window after it
-    jobs = sorted({c[0] for c in compactions if s0 <= c[0] < min(s1, horizon)})
-    after = []
-    j = 0
-    for dd in sorted((d for d in done if d.subtree is not None), key=lambda d: d.t_arrival):
-        while j < len(jobs) and jobs[j] + r.after_compaction_s <= dd.t_arrival:
-            j += 1
-        if j < len(jobs) and jobs[j] <= dd.t_arrival:
-            after.append(dd)
+    jobs = sorted({c[0] for c in compactions if s0 <= c[0] < storm_end})
+    after = _after_jobs(docs, jobs, r.after_compaction_s)
     after_prompt = sum(d.prompt for d in after)
     after_rt = sum(d.cached for d in after) / after_prompt if after_prompt else None
+    # ... and over two of the job's cycles (the median gap between its mid-storm jobs)
+    gaps = [b - a for a, b in zip(jobs, jobs[1:], strict=False)]
+    cycle = sorted(gaps)[len(gaps) // 2] if gaps else None
+    two_cycles = _after_jobs(docs, jobs, 2 * cycle) if cycle else []
+    per_job = [_stats(docs, j, j + 2 * cycle, ("doc",), r.cached_price)["token_weighted"] for j in jobs] if cycle \
+        else []
+    w = r.reuse_window_s
+    storm_windows = [_stats(docs, s0 + k * w, s0 + (k + 1) * w, ("doc",), r.cached_price)
+                     for k in range(int((storm_end - s0) // w))]
     in_storm = [c for c in compactions if s0 <= c[0] < storm_end]
     summary: dict[str, Any] = {
         "trigger": r.compaction_trigger,
@@ -225,6 +252,16 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
         "subtree_after_storm": _stats(done, storm_end, horizon, ("doc",), price),
         "token_weighted_after_compaction": None if after_rt is None else round(after_rt, 4),
         "requests_after_compaction": len(after),
+        "compaction_cycle_s": None if cycle is None else round(cycle, 1),
+        "token_weighted_two_cycles_after_compaction": _rt(two_cycles),
+        "token_weighted_two_cycles_after_each_compaction": per_job,
+        "subtree_storm_window_R_t_min": min((s["token_weighted"] for s in storm_windows
+                                             if s["token_weighted"] is not None), default=None),
+        # subtree traffic in the first and the second reuse window after the storm ends
+        "subtree_cost_window_1_after_storm": _stats(docs, storm_end, storm_end + w, ("doc",), price)[
+            "relative_input_cost"],
+        "subtree_cost_window_2_after_storm": _stats(docs, storm_end + w, storm_end + 2 * w, ("doc",), price)[
+            "relative_input_cost"],
     }
     st = summary["storm"]
     summary.update({"token_weighted": st["token_weighted"], "request_weighted": st["request_weighted"],

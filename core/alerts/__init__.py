@@ -42,13 +42,18 @@ Rules (defaults in `AlertSettings`):
 ``collapse`` (critical; sidecars, and engines no sidecar fronts)
     Metastable collapse over a 5-minute window: hit ratio low, throughput down against its recent
     healthy level, backlog growing. Full definition in `core.alerts.collapse`.
+``collapse-risk`` (warning; sidecars, and engines no sidecar fronts)
+    The collapse-risk score of `core.risk` (KV demand and its trend, backlog growth, missed prefill, hit-rate
+    trend; engine-only inputs on a bare engine) at least ``risk_enter`` for ``risk_for_s``; resolves below
+    ``risk_exit`` for ``risk_clear_s``. Minutes before ``collapse``, which inhibits it. See
+    `core.alerts.risk_rule`.
 
 Each rule's severity, scopes, hold times, the dashboard pages where its fix is applied, and the
 cause -> symptom inhibitions are data in `core.alerts.rules`; inhibition is applied by
 `core.alerts.evaluator`. Every rule has a runbook section, ``docs/runbook.md#<rule-name>``.
 
 Modules: `settings` (AlertSettings), `rules` (the rules as data), `tracking` (Condition, RuleTracker,
-History, Transition), `conditions` and `collapse` (the conditions), `evaluator` (AlertEvaluator, replay).
+History, Transition), `conditions`, `collapse` and `risk_rule` (the conditions), `evaluator` (AlertEvaluator, replay).
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from core import signals as sig
+from core.risk import Assessment
 
 from . import conditions as c
 from .collapse import collapse_rule
+from .risk_rule import collapse_risk_condition
 from .rules import RULE_SPECS, SEVERITY, SPECS, causes_of
 from .settings import AlertSettings
 from .tracking import Condition, History, Key, RuleTracker, TargetHealth, Transition
@@ -31,6 +33,7 @@ CONDITIONS: dict[str, Callable[[c.RuleContext], Condition]] = {
     "compaction-in-thin-reuse": c.compaction_condition,
     "admission-wait": c.admission_wait_condition,
     "collapse": collapse_rule,
+    "collapse-risk": collapse_risk_condition,
 }
 
 
@@ -172,6 +175,15 @@ class AlertEvaluator:
                     if "engine" in spec.scopes:
                         self._step(spec.name, key, now, history=history, health=health, bare_engine=True)
         return self._publish(url, keys, now)
+
+    def risk_of(self, url: str, since: float | None = None) -> dict[Key, Assessment]:
+        """The latest collapse-risk assessment of each key of `url` (judged at or after `since`)."""
+        out: dict[Key, Assessment] = {}
+        for (rule, key), scratch in self.scratch.items():
+            a = scratch.get("assessment") if rule == "collapse-risk" and key[0] == url else None
+            if isinstance(a, Assessment) and (since is None or a.ts >= since):
+                out[key] = a
+        return out
 
     def _cause_firing(self, rule: str, key: Key, keys: list[Key]) -> str | None:
         """The first cause of `rule` firing on the same target (see `core.alerts.rules`), if any."""

@@ -69,13 +69,16 @@ RULE_SPECS: tuple[RuleSpec, ...] = (
     RuleSpec("collapse", "critical", ("sidecar", "engine"), "collapse_for_s", "collapse_clear_s", ("budgeter",),
              "Metastable collapse: the hit ratio fell, throughput fell and the backlog keeps growing.",
              eval_every_setting="collapse_eval_every_s"),
+    RuleSpec("collapse-risk", "warning", ("sidecar", "engine"), "risk_for_s", "risk_clear_s", ("budgeter", "engine"),
+             "Collapse risk: KV demand, misses and backlog are heading for the metastable collapse; acting now "
+             "(park, lower the high band) is cheap, afterwards recovery takes minutes."),
 )
 
 # Cause -> symptoms it inhibits on the same target (see the module docstring).
 INHIBITIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("target-down", ("stale-data", "thin-reuse", "demand-over-band", "compaction-in-thin-reuse", "admission-wait",
-                     "collapse")),
-    ("collapse", ("thin-reuse", "demand-over-band", "compaction-in-thin-reuse", "admission-wait")),
+                     "collapse", "collapse-risk")),
+    ("collapse", ("thin-reuse", "demand-over-band", "compaction-in-thin-reuse", "admission-wait", "collapse-risk")),
 )
 
 SPECS: dict[str, RuleSpec] = {spec.name: spec for spec in RULE_SPECS}

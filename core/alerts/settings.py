@@ -2,7 +2,8 @@
 
 Policy defaults are not restated here: the thin-reuse judgement comes from `core.reuse.RegimeConfig`
 (enter 0.5, exit 0.4, 20 known turns), the high band from `core.budgeter.BudgeterConfig` (0.95) and the
-collapse hit-ratio test from `core.runs` (0.3 over 5 minutes). The fleet TOML's ``[alerts]`` table may
+collapse hit-ratio test from `core.runs` (0.3 over 5 minutes), the collapse-risk warning's thresholds and hold
+times from `core.risk.RiskSettings`. The fleet TOML's ``[alerts]`` table may
 override any field (`AlertSettings.from_mapping`); unknown keys and bad values are rejected with the
 key and the value.
 """
@@ -13,11 +14,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from core import runs
+from core import risk, runs
 from core.budgeter import BudgeterConfig
 from core.reuse import DEFAULT_REGIME, RegimeConfig
 
 _BUDGETER = BudgeterConfig()
+_RISK = risk.RiskSettings()
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class AlertSettings:
     collapse_for_s: float = 15.0
     collapse_clear_s: float = 30.0
     collapse_eval_every_s: float = 5.0
+    risk_enter: float = _RISK.warn_enter
+    risk_exit: float = _RISK.warn_exit
+    risk_for_s: float = _RISK.warn_for_s
+    risk_clear_s: float = _RISK.warn_clear_s
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -75,6 +81,9 @@ class AlertSettings:
             raise ValueError(f"collapse_window_s must be positive, got {self.collapse_window_s}")
         if self.down_after_failures < 1:
             raise ValueError(f"down_after_failures must be at least 1, got {self.down_after_failures}")
+        if self.risk_exit >= self.risk_enter or self.risk_enter > 1:
+            raise ValueError("risk_exit must be below risk_enter (hysteresis) and risk_enter at most 1, "
+                             f"got {self.risk_exit} and {self.risk_enter}")
         if self.admission_wait_s <= 0:
             raise ValueError(f"admission_wait_s must be positive, got {self.admission_wait_s}")
         if not 0 < self.admission_wait_exit_fraction < 1:

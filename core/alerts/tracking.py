@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from core import risk
 from core import signals as sig
 
 Key = tuple[str, str]  # (target URL, engine label)
@@ -25,7 +26,7 @@ RULE_SIGNALS = frozenset({
     sig.TURNS_PER_S, sig.GENERATION_TOKENS_PER_S, sig.SESSIONS_IN_SYSTEM, sig.REQUESTS_RUNNING,
     sig.REQUESTS_WAITING, sig.DEMAND_FRACTION, sig.DEMAND_TOKENS, sig.POOL_TOKENS, sig.BAND_HIGH,
     sig.WAITING, sig.OLDEST_WAITING_S,
-})
+}) | risk.INPUT_SIGNALS
 
 
 @dataclass(frozen=True)

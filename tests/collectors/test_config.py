@@ -4,7 +4,14 @@ import os
 
 import pytest
 
-from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config, parse_config
+from collectors.config import (
+    CollectorConfig,
+    ConfigError,
+    ConfigWatcher,
+    EngineTarget,
+    load_config,
+    parse_config,
+)
 
 GOOD = """
 [collector]
@@ -88,6 +95,31 @@ def test_cli_targets_merge_without_duplicates():
     assert [s.url for s in config.sidecars] == ["http://s:2"]
     with pytest.raises(ConfigError, match="--engine"):
         CollectorConfig().with_cli_targets(["ftp://x"], [])
+
+
+def test_cli_targets_take_a_display_name():
+    file_config = CollectorConfig(engines=(EngineTarget("http://b:1", name="from-file"),))
+    config = file_config.with_cli_targets(["gpu-a=http://a:1/", "http://c:1", "gpu-b = http://b:1"],
+                                          ["gpu-a sidecar=http://s:2"])
+    assert [(e.url, e.name) for e in config.engines] == [("http://b:1", "gpu-b"), ("http://a:1", "gpu-a"),
+                                                         ("http://c:1", None)]
+    assert [(s.url, s.name) for s in config.sidecars] == [("http://s:2", "gpu-a sidecar")]
+    with pytest.raises(ConfigError, match="name before '=' is empty"):
+        CollectorConfig().with_cli_targets(["=http://a:1"], [])
+    with pytest.raises(ConfigError, match="--engine gpu-a: URL must be"):
+        CollectorConfig().with_cli_targets(["gpu-a=a:1"], [])
+
+
+def test_environment_prefix_for_config_and_database(monkeypatch, tmp_path):
+    from collectors.__main__ import _run_parser
+    from db import database_url
+
+    monkeypatch.setenv("PREFIXOPS_CONFIG", str(tmp_path / "fleet.toml"))
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///legacy.db")
+    assert _run_parser().parse_args([]).config == str(tmp_path / "fleet.toml")
+    assert database_url() == "sqlite:///legacy.db"  # the unprefixed name is still read
+    monkeypatch.setenv("PREFIXOPS_DATABASE_URL", "sqlite:///prefixed.db")
+    assert database_url() == "sqlite:///prefixed.db" and database_url("sqlite:///cli.db") == "sqlite:///cli.db"
 
 
 def test_watcher_sees_changes_and_reports_broken_edits(tmp_path):

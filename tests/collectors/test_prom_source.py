@@ -157,7 +157,8 @@ def test_collector_reads_a_synthetic_fleet_through_a_real_prometheus(tmp_path):
         targets = {r.url: r for r in conn.execute(select(Target))}
         assert {u for u, t in targets.items() if t.configured_kind == "prometheus"} == {
             prom_url, *(f"http://engine-{i}:8000" for i in range(3))}
-        assert targets[prom_url].up
+        assert targets[prom_url].up and targets[prom_url].role == "source"  # not an engine on the pages
+        assert {t.role for u, t in targets.items() if u != prom_url} == {"engine"}
         for i in range(3):
             tid = targets[f"http://engine-{i}:8000"].id
             assert targets[f"http://engine-{i}:8000"].name == f"engine-{i}:8000"

@@ -57,3 +57,43 @@ def test_collectors_read_the_simulator_and_the_sidecar(tmp_path):
         names = set(conn.execute(select(Series.signal).join(Target, Target.id == Series.target_id)
                                  .where(Target.url == sidecar_url)).scalars())
     assert {sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED, sig.DIVERGENCE, sig.DEMAND_TOKENS, sig.PARKED} <= names
+
+
+def test_incremental_sessions_against_the_real_sidecar(tmp_path, caplog, monkeypatch):
+    """Pages, `next` cursors and `updated_after` as the real sidecar implements them (pages of 2)."""
+    import logging
+
+    from collectors.config import SidecarTarget
+    from collectors.scrape import SidecarScraper
+
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setattr(SidecarScraper, "PAGE", 2)
+    engine_port, sidecar_port = free_port(), free_port()
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    sidecar_url = f"http://127.0.0.1:{sidecar_port}"
+    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
+                 name="simulator", ready_url=f"{engine_url}/metrics"), \
+            running([PYTHON, "-m", "sidecar", "--engine", engine_url, "--port", str(sidecar_port),
+                     "--state-db", str(tmp_path / "sidecar.db")], name="sidecar", ready_url=f"{sidecar_url}/healthz"), \
+            httpx.Client() as client:
+        model = client.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+        def turn(session: str) -> None:
+            r = client.post(f"{sidecar_url}/v1/completions", headers={"X-Session-Id": session}, timeout=60,
+                            json={"model": model, "prompt": f"{session}: summarise the logs. " * 20, "max_tokens": 4})
+            assert r.status_code == 200, r.text
+
+        for i in range(5):
+            turn(f"s-{i}")
+        scraper = SidecarScraper(SidecarTarget(sidecar_url), interval_s=1.0, timeout_s=5.0, max_page_bytes=10**7)
+        first = scraper.scrape(client)
+        assert first.ok, first.error
+        assert first.sessions_full and sorted(s["session_id"] for s in first.sessions) == [f"s-{i}" for i in range(5)]
+        scraper.commit(first)
+        second = scraper.scrape(client)
+        assert second.ok and not second.sessions_full and second.sessions == []
+        scraper.commit(second)
+        turn("s-3")
+        third = scraper.scrape(client)
+        assert [s["session_id"] for s in third.sessions] == ["s-3"] and third.sessions[0]["turns"] == 2
+    assert not [r for r in caplog.records if "sidecar.wire" in r.getMessage()], caplog.text

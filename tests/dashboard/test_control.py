@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import httpx
 import pytest
@@ -119,3 +120,17 @@ def test_tokens_from_the_collectors_config(tmp_path) -> None:  # noqa: ANN001
     assert load_sidecar_tokens(str(tmp_path / "missing.toml")) == {}
     (tmp_path / "bad.toml").write_text("not = [toml")
     assert load_sidecar_tokens(str(tmp_path / "bad.toml")) == {}
+
+
+@pytest.mark.parametrize("text", [
+    '[[sidecar]]\nurl = "http://10.0.0.5:8100"\noperator_token = "t1"\n',
+    '[sidecars.gpu-a]\nurl = "http://10.0.0.5:8100"\noperator_token = "t1"\n',
+    '[[targets]]\nurl = "http://10.0.0.5:8100"\noperator_token = "t1"\n',
+])
+def test_tokens_only_from_the_grammar_the_collectors_accept(tmp_path, caplog, text) -> None:  # noqa: ANN001
+    """One grammar: a form the collectors refuse gives no tokens, and the log says why (never the token)."""
+    config = tmp_path / "c.toml"
+    config.write_text(text)
+    with caplog.at_level(logging.WARNING):
+        assert load_sidecar_tokens(str(config)) == {}
+    assert str(config) in caplog.text and "t1" not in caplog.text

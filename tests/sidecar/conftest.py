@@ -87,7 +87,7 @@ async def sidecar(tmp_path: Path, *, engine: StubEngine | None = None, **overrid
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://sidecar") as client:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
                 # the pool fetch runs as a background task at start-up: let it finish
                 for _ in range(200):
                     if cp.budgeter.pool_tokens is not None or cp.pool_error is not None:

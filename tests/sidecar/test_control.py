@@ -101,7 +101,8 @@ async def test_invalid_budgeter_updates_are_4xx_naming_field_and_value(tmp_path:
                                                                        field: str) -> None:
     async with sidecar(tmp_path) as h:
         raw = json.dumps(body)  # json.dumps writes NaN / Infinity literals, as some clients do
-        r = await h.client.put("/control/budgeter", content=raw, headers=OP_HEADERS)
+        r = await h.client.put("/control/budgeter", content=raw,
+                               headers={**OP_HEADERS, "Content-Type": "application/json"})
         assert 400 <= r.status_code < 500, r.text
         err = r.json()["error"]
         assert err["param"] == field, err

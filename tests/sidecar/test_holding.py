@@ -50,7 +50,7 @@ async def test_new_session_waits_above_the_low_band_and_is_admitted_when_demand_
             h.cp.release()  # nothing changed: still above the band
             await anyio.sleep(0.02)
             assert results.done == []
-            assert (await h.client.delete("/sessions/s1")).status_code == 200
+            assert (await h.client.delete("/sessions/s1", headers=OP_HEADERS)).status_code == 200
         assert results.done == [("s2", 200)]
         assert (await h.client.get("/sessions/s2")).json()["state"] == "admitted"
 
@@ -60,7 +60,7 @@ async def test_parked_at_the_next_turn_boundary_never_mid_turn(tmp_path: Path) -
         await h.chat("s1", max_tokens=100)
         results = Results()
         async with anyio.create_task_group() as tg:
-            results.spawn(tg, h, "s1", max_tokens=100, headers={"x-stub-delay-ms": "150"})
+            results.spawn(tg, h, "s1", max_tokens=100, headers={"x-stub-delay-ms": "1500"})
             await settle(lambda: h.cp.in_flight == 1, "s1 in flight")
             # the operator lowers the bands: s1 is far above the high band now
             r = await h.client.put("/control/budgeter", headers=OP_HEADERS, json={"low": 0.01, "high": 0.02})
@@ -98,8 +98,8 @@ async def test_parked_sessions_are_released_fifo_before_new_sessions(tmp_path: P
             assert results.done == [("s3", 200)]
             await anyio.sleep(0.02)
             assert held(h) == 1
-            await h.client.delete("/sessions/s1")
-            await h.client.delete("/sessions/s2")
+            await h.client.delete("/sessions/s1", headers=OP_HEADERS)
+            await h.client.delete("/sessions/s2", headers=OP_HEADERS)
         assert results.done == [("s3", 200), ("s4", 200)]
 
 
@@ -173,7 +173,7 @@ async def test_ending_a_session_with_a_held_turn_answers_409(tmp_path: Path) -> 
         async with anyio.create_task_group() as tg:
             results.spawn(tg, h, "s1")
             await settle(lambda: held(h) == 1, "held")
-            await h.client.delete("/sessions/s1")
+            await h.client.delete("/sessions/s1", headers=OP_HEADERS)
         assert results.done == [("s1", 409)]
 
 
@@ -370,7 +370,7 @@ async def test_session_cap_park_mode_caps_admitted_sessions(tmp_path: Path) -> N
             results.spawn(tg, h, "second")
             await settle(lambda: held(h) == 1, "second waits")
             assert (await h.state())["backlog"]["waiting"] == 1
-            await h.client.delete("/sessions/first")
+            await h.client.delete("/sessions/first", headers=OP_HEADERS)
         assert results.done == [("second", 200)]
 
 

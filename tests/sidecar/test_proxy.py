@@ -128,7 +128,7 @@ async def test_engine_down_is_a_clear_502_not_a_hang(tmp_path: Path) -> None:
                         tick_s=3600, pool_refresh_s=3600)
     app = create_app(settings, store=Store(settings.state_db))
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://s") as client:
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         for stream in (False, True):
             r = await client.post("/v1/chat/completions", headers={"X-Session-Id": "s1"},
                                   json={"model": "m", "messages": [], "stream": stream})
@@ -190,10 +190,13 @@ async def test_session_end_header_and_delete(tmp_path: Path) -> None:
         assert s1["state"] == "ended" and s1["end_reason"] == "client" and s1["turns"] == 2
         assert (await h.state())["backlog"]["total"] == 0
         await h.chat("s2")
+        # issue 11 item 6: ending a session needs the operator token (or the client token, when one is set)
         r = await h.client.delete("/sessions/s2")
+        assert r.status_code == 401 and (await h.client.get("/sessions/s2")).json()["state"] == "admitted"
+        r = await h.client.delete("/sessions/s2", headers=OP_HEADERS)
         assert r.status_code == 200 and r.json()["session"]["state"] == "ended"
-        assert (await h.client.delete("/sessions/s2")).status_code == 404
-        assert (await h.client.delete("/sessions/never")).status_code == 404
+        assert (await h.client.delete("/sessions/s2", headers=OP_HEADERS)).status_code == 404
+        assert (await h.client.delete("/sessions/never", headers=OP_HEADERS)).status_code == 404
         assert (await h.client.get("/sessions/never")).status_code == 404
         assert (await h.client.get("/sessions/s2")).json()["state"] == "ended"
 
@@ -238,9 +241,10 @@ async def test_body_limits_and_bad_bodies(tmp_path: Path) -> None:
         r = await h.client.put("/control/budgeter", headers=OP_HEADERS, content=b'{"mode": "off"' + b" " * 200 + b"}")
         assert r.status_code == 413
         assert h.cp.budgeter.config.mode == "budgeter-park"
-        r = await h.client.post("/v1/chat/completions", content=b"{not json")
+        json_type = {"Content-Type": "application/json"}  # other content types get 415 (issue 11 item 6)
+        r = await h.client.post("/v1/chat/completions", content=b"{not json", headers=json_type)
         assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-        r = await h.client.post("/v1/chat/completions", content=b"[1, 2]")
+        r = await h.client.post("/v1/chat/completions", content=b"[1, 2]", headers=json_type)
         assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
         r = await h.chat("bad id with spaces")
         assert r.status_code == 400 and r.json()["error"]["param"] == "X-Session-Id"

@@ -14,7 +14,7 @@ benchmark measures the sidecar, not the stub.
 - ``GET /v1/models``; an unknown ``model`` gets vLLM's 404 error.
 - ``GET /metrics``: ``vllm:cache_config_info`` with the pool size.
 - Test hooks: header ``x-stub-status: 500`` answers that status; ``x-stub-delay-ms``
-  delays the answer; ``x-stub-chunk-delay-ms`` paces stream chunks; ``x-stub-break: 1`` breaks a
+  delays the answer; ``x-stub-usage: {json}`` reports that usage (non-streaming); ``x-stub-chunk-delay-ms`` paces stream chunks; ``x-stub-break: 1`` breaks a
   stream off midway.
 
 Run: ``python -m tests.stubs.stub_engine --port 8000 [--pool-tokens 400000] [--delay-ms 0]``.
@@ -49,6 +49,7 @@ class StubEngine:
         self.blocks: OrderedDict[bytes, None] = OrderedDict()
         self.max_blocks = max(1, pool_tokens // BLOCK_TOKENS)
         self.requests = 0
+        self.metrics_status = 200
         self.seen_headers: list[dict[str, str]] = []
         self.seen_bodies: list[dict[str, Any]] = []
 
@@ -127,6 +128,9 @@ class StubEngine:
                     writer: asyncio.StreamWriter) -> None:
         path = path.split("?", 1)[0]
         if method == "GET" and path == "/metrics":
+            if self.metrics_status != 200:  # test hook: an engine whose /metrics cannot be read
+                self.respond(writer, self.metrics_status, b"metrics unavailable", "text/plain")
+                return
             text = "# HELP vllm:num_requests_running Running requests.\n# TYPE vllm:num_requests_running gauge\n" \
                    f'vllm:num_requests_running{{engine="0",model_name="{self.model}"}} 0.0\n'
             if self.metrics:
@@ -191,8 +195,11 @@ class StubEngine:
                 {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length",
                  "logprobs": None}
                 if chat else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
+            usage = self.usage(prompt, cached, n_out)
+            if headers.get("x-stub-usage"):  # a hostile engine's usage report, verbatim
+                usage = json.loads(headers["x-stub-usage"])
             resp = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                    "model": self.model, "choices": [choice], "usage": self.usage(prompt, cached, n_out)}
+                    "model": self.model, "choices": [choice], "usage": usage}
             self.respond(writer, 200, json.dumps(resp).encode())
             return
         include_usage = isinstance(body.get("stream_options"), dict) and \

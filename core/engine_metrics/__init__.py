@@ -7,7 +7,9 @@ name prefix, or forced by the caller:
   (tokens), ``vllm:kv_cache_usage_perc``, ``vllm:num_requests_running`` /
   ``_waiting``, ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``,
   ``vllm:generation_tokens_total``, ``vllm:prompt_tokens_cached_total``,
-  ``vllm:time_to_first_token_seconds`` and ``vllm:cache_config_info``.
+  ``vllm:time_to_first_token_seconds`` and ``vllm:cache_config_info``; the serving histograms of
+  `core.engine_metrics.histograms` (end-to-end latency, inter-token latency, queue time, prompt and
+  output lengths) where the page has them.
 - **vLLM legacy names** (before 0.9.2, still exported in 0.10.x):
   ``vllm:gpu_prefix_cache_queries_total`` / ``_hits_total`` and
   ``vllm:gpu_cache_usage_perc``; used only when the current name is absent. Early V1
@@ -51,6 +53,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core import rates
 from core import signals as sig
+from core.engine_metrics import histograms as hist
+from core.engine_metrics.histograms import histogram_quantile
+
+__all__ = ["EngineKind", "EngineSnapshot", "IntervalSignals", "MetricsPageError", "ParsedPage", "detect_kind",
+           "filter_page", "histogram_quantile", "interval_signals", "page_from_samples", "parse_engine_metrics",
+           "pool_tokens", "sum_snapshots"]
 
 EngineKind = Literal["vllm", "sglang", "unknown"]
 
@@ -76,6 +84,8 @@ class EngineSnapshot:
     pool_tokens: int | None = None
     # TTFT histogram: cumulative (upper bound, count) pairs, ascending, +Inf last.
     ttft_buckets: tuple[tuple[float, float], ...] = ()
+    # The other serving histograms, (family, buckets) for each family present (see `histograms`).
+    histograms: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
 
     def hit_ratio_lifetime(self) -> float | None:
         """hits / queries since the engine started (not an interval rate)."""
@@ -128,7 +138,6 @@ _GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
         "pool_tokens": ("sglang:max_total_num_tokens",),
     },
 }
-_TTFT = {"vllm": "vllm:time_to_first_token_seconds_bucket", "sglang": "sglang:time_to_first_token_seconds_bucket"}
 _ENGINE_LABEL = {"vllm": "engine", "sglang": "dp_rank"}
 _CACHE_CONFIG = "vllm:cache_config_info"
 _PROCESS_START = "process_start_time_seconds"
@@ -137,7 +146,7 @@ _PROCESS_START = "process_start_time_seconds"
 _NEEDED_BASES = frozenset(
     {n.removesuffix("_total") for table in (_COUNTERS, _GAUGES) for d in table.values() for ns in d.values()
      for n in ns}
-    | {n.removesuffix("_bucket") for n in _TTFT.values()}
+    | hist.BASES
     | {_CACHE_CONFIG, _PROCESS_START}
 )
 # One C-level regex pass keeps HELP/TYPE and sample lines of the needed families (``*_created``
@@ -204,7 +213,8 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
     # values[label][sample name] accumulates: sum for counters, max for gauges.
     counters: dict[str, dict[str, float]] = {}
     gauges: dict[str, dict[str, float]] = {}
-    buckets: dict[str, dict[float, float]] = {}
+    buckets: dict[str, dict[str, dict[float, float]]] = {}  # label -> sample name -> le -> count
+    hist_names = hist.names_for(kind)
     pools: dict[str, int] = {}
     process_start: float | None = None
     models: set[str] = set()
@@ -237,13 +247,13 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
             elif name in name_to_gauge:
                 per = gauges.setdefault(label, {})
                 per[name] = max(per.get(name, -math.inf), value)
-            elif name == _TTFT[kind]:
+            elif name in hist_names:
                 bound = labels.get("le", "")
                 try:
                     le = float(bound)
                 except ValueError:
                     continue
-                per_b = buckets.setdefault(label, {})
+                per_b = buckets.setdefault(label, {}).setdefault(name, {})
                 per_b[le] = per_b.get(le, 0.0) + value
             elif name == _CACHE_CONFIG:
                 pool = _pool_from_cache_config(labels)
@@ -272,9 +282,12 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
             fields["pool_tokens"] = pools.get(label)
             if fields.get("cached_tokens") is None:
                 fields["cached_tokens"] = fields.get("prefix_cache_hits")
+        per_name = buckets.get(label, {})
+        others = ((f, hist.pick(kind, f, per_name)) for f in hist.FAMILIES if f != "ttft")
         engines[label] = EngineSnapshot(
             engine_label=label,
-            ttft_buckets=tuple(sorted(buckets.get(label, {}).items())),
+            ttft_buckets=hist.pick(kind, "ttft", per_name),
+            histograms=tuple((f, b) for f, b in others if b),
             **fields,  # type: ignore[arg-type]
         )
     if kind == "sglang" and engines and all(e.cached_tokens is None for e in engines.values()):
@@ -375,10 +388,8 @@ def sum_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
             kv = sum(u * float(p or 0) for u, p in usages) / sum(float(p or 0) for _, p in usages)
         else:
             kv = sum(u for u, _ in usages) / len(usages)
-    merged: dict[float, float] = {}
-    for item in items:
-        for le, count in item.ttft_buckets:
-            merged[le] = merged.get(le, 0.0) + count
+    families = sorted({f for item in items for f, _ in item.histograms})
+    others = tuple((f, hist.merge(dict(item.histograms).get(f, ()) for item in items)) for f in families)
     return EngineSnapshot(
         engine_label="",
         prefix_cache_queries=summed["prefix_cache_queries"],
@@ -391,44 +402,9 @@ def sum_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         requests_running=summed["requests_running"],
         requests_waiting=summed["requests_waiting"],
         pool_tokens=pool_total,
-        ttft_buckets=tuple(sorted(merged.items())),
+        ttft_buckets=hist.merge(item.ttft_buckets for item in items),
+        histograms=others,
     )
-
-
-def histogram_quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> float | None:
-    """Prometheus-style quantile from cumulative buckets (linear within a bucket); None when empty."""
-    if not buckets:
-        return None
-    total = buckets[-1][1]
-    if not math.isfinite(total) or total <= 0:
-        return None
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return prev_bound  # above the largest finite bucket: its bound is the best we know
-            if count == prev_count:
-                return bound
-            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
-        prev_bound, prev_count = bound, count
-    return prev_bound
-
-
-def _bucket_delta(prev: tuple[tuple[float, float], ...],
-                  cur: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...] | None:
-    if not prev or not cur:
-        return None
-    before = dict(prev)
-    if set(before) != {le for le, _ in cur}:
-        return None
-    out = []
-    for le, count in cur:
-        delta = rates.counter_delta(before[le], count)
-        if delta is None:
-            return None
-        out.append((le, delta))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -478,10 +454,6 @@ def interval_signals(prev: EngineSnapshot | None, prev_ts: float | None, cur: En
             hit = rates.ratio(deltas["prefix_cache_hits"], deltas["prefix_cache_queries"])
             if hit is not None:
                 values[sig.ENGINE_HIT_RATIO] = hit
-            ttft = _bucket_delta(prev.ttft_buckets, cur.ttft_buckets)
-            if ttft is not None:
-                for q, name in ((0.5, sig.TTFT_P50), (0.9, sig.TTFT_P90), (0.99, sig.TTFT_P99)):
-                    estimate = histogram_quantile(q, ttft)
-                    if estimate is not None:
-                        values[name] = estimate
+            values.update(hist.interval_quantiles({"ttft": prev.ttft_buckets, **dict(prev.histograms)},
+                                                  {"ttft": cur.ttft_buckets, **dict(cur.histograms)}))
     return IntervalSignals(values=values, reset=reset)

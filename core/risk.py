@@ -1,0 +1,429 @@
+"""Collapse risk: how close an engine is to the metastable collapse, minutes before R_t falls. Pure.
+
+The ``collapse`` alert (`core.alerts`) fires once the hit ratio has *already* fallen. This model
+reads the causes instead: collapse is a KV-pool overflow (the prefixes that come back next are
+evicted, every turn becomes a full prefill, the prefill work outruns the engine and the backlog
+grows; see docs/collapse-risk.md). Each of its inputs measures one link of that chain.
+
+Inputs (``points``: ``(ts, {signal: value})`` oldest first, the signals of `core.signals` as the
+collectors store them; ``now``: the clock, passed in). Two input sets, chosen by ``mode``:
+
+``sidecar`` (a PrefixOps sidecar fronts the engine; its ``/state`` signals)
+    - ``kv_demand``: ``demand_fraction`` (KV demand of the admitted sessions / pool), mean over
+      the last ``level_s``. Pressure ramps from ``demand_lo`` to ``demand_hi``.
+    - ``demand_trend``: growth of ``demand_fraction`` per minute (least squares over ``trend_s``),
+      counted only while demand is above ``demand_trend_floor`` of the pool. Ramps
+      ``demand_growth_lo`` .. ``demand_growth_hi``.
+    - ``session_flow``: session arrivals minus completions per minute, the growth of
+      ``sessions_in_system`` (least squares over ``trend_s``), counted while demand is above
+      ``demand_trend_floor``. Ramps ``flow_lo`` .. ``flow_hi``.
+    - ``missed_prefill``: missed prompt tokens per second against the engine's prefill capacity
+      ``prefill_capacity_tokens_per_s``: engine ``prompt_tokens_per_s - cached_tokens_per_s`` when
+      those are in ``points``, else estimated from the sidecar as
+      ``turns_per_s * (demand_tokens / admitted) * (1 - token_weighted)``; mean over ``level_s``.
+      Ramps ``missed_lo`` .. ``missed_hi`` (fractions of the capacity).
+    - ``rt_trend``: fall of R_t (``token_weighted``, mean over ``level_s``) below its highest
+      ``level_s`` mean in the last ``reference_s``. Ramps ``drop_lo`` .. ``drop_hi``.
+
+``engine`` (no sidecar: the engine's own ``/metrics``)
+    - ``kv_usage``: mean over ``level_s``; ramps ``kv_lo`` .. ``kv_hi``.
+    - ``queue``: ``requests_waiting``, mean over ``level_s``; ramps ``queue_lo`` .. ``queue_hi``.
+    - ``queue_growth``: ``requests_waiting`` growth per minute over ``trend_s``; ramps
+      ``queue_growth_lo`` .. ``queue_growth_hi``.
+    - ``preemptions``: ``preemptions_per_s``, mean over ``level_s``; ramps ``preempt_lo`` .. ``preempt_hi``.
+    - ``hit_trend``: fall of the engine hit ratio (``prefix_cache_hits_per_s`` summed over
+      ``level_s`` / ``prefix_cache_queries_per_s`` summed; ``engine_hit_ratio`` mean when the
+      counters are absent) below its highest ``level_s`` value in the last ``reference_s``.
+      Ramps ``drop_lo`` .. ``drop_hi``.
+    - ``missed_prefill``: ``prompt_tokens_per_s - cached_tokens_per_s`` (mean over ``level_s``)
+      against ``prefill_capacity_tokens_per_s``, as for the sidecar.
+    - ``throughput``: fall of ``generation_tokens_per_s`` (mean over ``level_s``) below its
+      highest ``level_s`` mean in the last ``reference_s``, counted only while
+      ``prompt_tokens_per_s`` is not falling with it (less work offered is not a symptom).
+      Ramps ``drop_lo`` .. ``drop_hi``.
+
+Scoring: each input gets a *pressure* in [0, 1], ``ramp(value, lo, hi)`` (0 at or below ``lo``,
+1 at or above ``hi``, linear between), and contributes ``weight * pressure`` (weights in
+``RiskSettings``, per mode). The *score* is ``min(1, sum of contributions)``: no single input
+with a weight below ``warn_enter`` can raise a warning alone; agreement between causes does.
+An input whose signals are absent contributes nothing and is reported with value None; when no
+input of the mode has data the score is None (unknown).
+
+The *leading inputs* are the inputs with a positive contribution, largest first: what an operator
+reads to see why the risk is high. `Assessment.summary` names them with their values.
+
+Warning (the ``collapse-risk`` alert in `core.alerts`): the condition holds while the score is at
+least ``warn_enter``; the exit condition (hysteresis) is a score below ``warn_exit``; the alert
+fires after ``warn_for_s`` of the condition and resolves after ``warn_clear_s`` of the exit
+condition. Defaults were tuned on simulated runs (docs/collapse-risk.md names the seed bases).
+
+Stored signals (for the pages): ``collapse_risk`` (the score) and ``risk_<input>`` (each input's
+contribution), see `core.signals`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from core import signals as sig
+
+Mode = Literal["sidecar", "engine"]
+MODES: tuple[Mode, ...] = ("sidecar", "engine")
+
+SIDECAR_INPUTS = ("kv_demand", "demand_trend", "session_flow", "missed_prefill", "rt_trend")
+ENGINE_INPUTS = ("kv_usage", "queue", "queue_growth", "preemptions", "hit_trend", "missed_prefill", "throughput")
+INPUTS: dict[Mode, tuple[str, ...]] = {"sidecar": SIDECAR_INPUTS, "engine": ENGINE_INPUTS}
+ALL_INPUTS = tuple(dict.fromkeys(SIDECAR_INPUTS + ENGINE_INPUTS))
+
+# What each input means, for summaries, the pages and the runbook.
+WHY: dict[str, str] = {
+    "kv_demand": "KV demand of admitted sessions vs the pool: above 1 their prefixes evict each other",
+    "demand_trend": "demand still growing near the pool: the overflow is coming, not passing",
+    "session_flow": "sessions arriving faster than they complete: the backlog (and demand) keeps growing",
+    "missed_prefill": "missed prompt tokens/s vs the engine's prefill capacity: misses are eating the engine",
+    "rt_trend": "token-weighted hit rate (R_t) falling from its recent level",
+    "kv_usage": "KV blocks held by running requests: no room left to keep idle sessions' prefixes",
+    "queue": "requests waiting for KV blocks or a batch slot",
+    "queue_growth": "the waiting queue is growing: arrivals outpace the engine",
+    "preemptions": "running requests preempted for lack of KV blocks",
+    "hit_trend": "engine prefix-cache hit ratio falling from its recent level",
+    "throughput": "generated tokens/s falling while the prompt load does not",
+}
+UNITS: dict[str, str] = {
+    "kv_demand": "of pool", "demand_trend": "of pool/min", "session_flow": "sessions/min",
+    "missed_prefill": "of prefill capacity", "rt_trend": "below recent", "kv_usage": "",
+    "queue": "requests", "queue_growth": "requests/min", "preemptions": "/s", "hit_trend": "below recent",
+    "throughput": "below recent",
+}
+SIGNAL_OF_INPUT: dict[str, str] = {name: sig.RISK_PREFIX + name for name in ALL_INPUTS}
+assert set(SIGNAL_OF_INPUT.values()) == set(sig.RISK_INPUT_SIGNALS), "core.signals lists every risk input"
+
+# Signals the model reads (histories that feed it must keep these).
+INPUT_SIGNALS = frozenset({
+    sig.DEMAND_FRACTION, sig.DEMAND_TOKENS, sig.ADMITTED, sig.SESSIONS_IN_SYSTEM, sig.TURNS_PER_S,
+    sig.TOKEN_WEIGHTED, sig.PROMPT_TOKENS_PER_S, sig.CACHED_TOKENS_PER_S, sig.KV_USAGE, sig.REQUESTS_WAITING,
+    sig.PREEMPTIONS_PER_S, sig.PREFIX_CACHE_HITS_PER_S, sig.PREFIX_CACHE_QUERIES_PER_S, sig.ENGINE_HIT_RATIO,
+    sig.GENERATION_TOKENS_PER_S,
+})
+
+
+@dataclass(frozen=True)
+class RiskSettings:
+    """The model's parameters and the warning's thresholds; rejects bad values at construction."""
+
+    level_s: float = 30.0
+    trend_s: float = 60.0
+    reference_s: float = 300.0
+    prefill_capacity_tokens_per_s: float = 10_000.0
+    # sidecar inputs
+    demand_lo: float = 1.0
+    demand_hi: float = 1.25
+    demand_trend_floor: float = 0.9
+    demand_growth_lo: float = 0.02
+    demand_growth_hi: float = 0.15
+    flow_lo: float = 0.5
+    flow_hi: float = 3.0
+    # both
+    missed_lo: float = 0.3
+    missed_hi: float = 0.6
+    drop_lo: float = 0.1
+    drop_hi: float = 0.4
+    # engine inputs
+    kv_lo: float = 0.65
+    kv_hi: float = 0.95
+    queue_lo: float = 3.0
+    queue_hi: float = 20.0
+    queue_growth_lo: float = 2.0
+    queue_growth_hi: float = 13.0
+    preempt_lo: float = 0.05
+    preempt_hi: float = 0.35
+    # weights (a contribution is weight x pressure; the score is their sum, capped at 1)
+    w_kv_demand: float = 0.7
+    w_demand_trend: float = 0.3
+    w_session_flow: float = 0.1
+    w_missed_prefill: float = 0.4
+    w_rt_trend: float = 0.2
+    w_kv_usage: float = 0.55
+    w_queue: float = 0.3
+    w_queue_growth: float = 0.15
+    w_preemptions: float = 0.15
+    w_hit_trend: float = 0.1
+    w_throughput: float = 0.1
+    # the warning (the collapse-risk alert's thresholds and hold times)
+    warn_enter: float = 0.6
+    warn_exit: float = 0.35
+    warn_for_s: float = 5.0
+    warn_clear_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"risk setting {f.name} must be a finite number, got {value!r}")
+            if value < 0:
+                raise ValueError(f"risk setting {f.name} must not be negative, got {value}")
+        for name in ("level_s", "trend_s", "reference_s", "prefill_capacity_tokens_per_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"risk setting {name} must be positive, got {getattr(self, name)}")
+        for lo, hi in (("demand_lo", "demand_hi"), ("demand_growth_lo", "demand_growth_hi"), ("flow_lo", "flow_hi"),
+                       ("missed_lo", "missed_hi"), ("drop_lo", "drop_hi"), ("kv_lo", "kv_hi"),
+                       ("queue_lo", "queue_hi"), ("queue_growth_lo", "queue_growth_hi"),
+                       ("preempt_lo", "preempt_hi")):
+            if getattr(self, lo) >= getattr(self, hi):
+                raise ValueError(f"risk setting {lo} must be below {hi}, got {getattr(self, lo)} >= {getattr(self, hi)}")
+        if not 0 < self.warn_enter <= 1:
+            raise ValueError(f"risk setting warn_enter must be in (0, 1], got {self.warn_enter}")
+        if self.warn_exit >= self.warn_enter:
+            raise ValueError("risk setting warn_exit must be below warn_enter (hysteresis), "
+                             f"got {self.warn_exit} >= {self.warn_enter}")
+
+    def weight(self, name: str) -> float:
+        return float(getattr(self, "w_" + name))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object]) -> RiskSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown risk setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class RiskInput:
+    """One input at one instant: its measured value, pressure in [0, 1] and weighted contribution."""
+
+    name: str
+    value: float | None
+    pressure: float
+    contribution: float
+
+    @property
+    def why(self) -> str:
+        return WHY[self.name]
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The risk of one engine at ``ts``: score in [0, 1] (None: no data) and every input."""
+
+    ts: float
+    mode: Mode
+    score: float | None
+    inputs: tuple[RiskInput, ...] = field(default_factory=tuple)
+
+    def leading(self, n: int | None = None) -> list[RiskInput]:
+        """Inputs with a positive contribution, largest first (ties by name)."""
+        out = sorted((i for i in self.inputs if i.contribution > 0), key=lambda i: (-i.contribution, i.name))
+        return out if n is None else out[:n]
+
+    def signals(self) -> dict[str, float]:
+        """``collapse_risk`` and ``risk_<input>`` contributions, for storage (nothing when unknown)."""
+        if self.score is None:
+            return {}
+        out = {sig.COLLAPSE_RISK: round(self.score, 4)}
+        out.update({SIGNAL_OF_INPUT[i.name]: round(i.contribution, 4) for i in self.inputs if i.value is not None})
+        return out
+
+    def summary(self, n: int = 3) -> str:
+        if self.score is None:
+            return "collapse risk unknown (no data)"
+        lead = self.leading(n)
+        if not lead:
+            return f"collapse risk {self.score:.2f}: no input under pressure"
+        parts = [f"{i.name} {_fmt(i.value)} {UNITS[i.name]}".rstrip() + f" (+{i.contribution:.2f}: {i.why})"
+                 for i in lead]
+        return f"collapse risk {self.score:.2f} ({self.mode} inputs); leading: " + "; ".join(parts)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def ramp(value: float | None, lo: float, hi: float) -> float:
+    """0 at or below ``lo``, 1 at or above ``hi``, linear between (None gives 0)."""
+    if value is None or value <= lo:
+        return 0.0
+    if value >= hi:
+        return 1.0
+    return (value - lo) / (hi - lo)
+
+
+# ------------------------------------------------------------------ window helpers
+Points = Sequence[tuple[float, Mapping[str, float]]]
+
+
+def _window(points: Points, name: str, start: float, end: float) -> list[tuple[float, float]]:
+    """(ts, value) of ``name`` with start < ts <= end, oldest first (scans from the newest point)."""
+    out: list[tuple[float, float]] = []
+    for ts, values in reversed(points):
+        if ts <= start:
+            break
+        if ts <= end and name in values:
+            out.append((ts, values[name]))
+    out.reverse()
+    return out
+
+
+def _mean(pts: list[tuple[float, float]]) -> float | None:
+    return sum(v for _, v in pts) / len(pts) if pts else None
+
+
+def slope_per_min(pts: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (ts, value) per minute; None under 3 points or no time spread."""
+    n = len(pts)
+    if n < 3:
+        return None
+    mt = sum(t for t, _ in pts) / n
+    mv = sum(v for _, v in pts) / n
+    stt = sum((t - mt) ** 2 for t, _ in pts)
+    if stt <= 0:
+        return None
+    return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / stt
+
+
+def _rolling_best(pts: list[tuple[float, float]], span_s: float) -> float | None:
+    """Highest mean of ``pts`` over any trailing ``span_s`` (ends at each point), None when empty."""
+    best: float | None = None
+    lo = 0
+    acc = 0.0
+    for hi, (t, v) in enumerate(pts):
+        acc += v
+        while pts[lo][0] <= t - span_s:
+            acc -= pts[lo][1]
+            lo += 1
+        m = acc / (hi - lo + 1)
+        if best is None or m > best:
+            best = m
+    return best
+
+
+def _drop(pts: list[tuple[float, float]], now: float, s: RiskSettings) -> float | None:
+    """How far the last ``level_s`` mean sits below the best ``level_s`` mean of the reference window."""
+    recent = _mean([p for p in pts if p[0] > now - s.level_s])
+    best = _rolling_best(pts, s.level_s)
+    if recent is None or best is None:
+        return None
+    return max(0.0, best - recent)
+
+
+# ------------------------------------------------------------------ the model
+def _missed(points: Points, now: float, s: RiskSettings, *, sidecar: bool) -> float | None:
+    start = now - s.level_s
+    prompt = _window(points, sig.PROMPT_TOKENS_PER_S, start, now)
+    cached = dict(_window(points, sig.CACHED_TOKENS_PER_S, start, now))
+    engine = [p - cached[t] for t, p in prompt if t in cached]
+    if engine:
+        return sum(engine) / len(engine)
+    if not sidecar:
+        return None
+    turns = _mean(_window(points, sig.TURNS_PER_S, start, now))
+    rt = _mean(_window(points, sig.TOKEN_WEIGHTED, start, now))
+    demand = _mean(_window(points, sig.DEMAND_TOKENS, start, now))
+    admitted = _mean(_window(points, sig.ADMITTED, start, now))
+    if turns is None or rt is None or demand is None or not admitted:
+        return None
+    return turns * (demand / admitted) * (1.0 - rt)
+
+
+def _engine_hit_drop(points: Points, now: float, s: RiskSettings) -> float | None:
+    ref_start = now - s.reference_s
+    hits = _window(points, sig.PREFIX_CACHE_HITS_PER_S, ref_start, now)
+    queries = dict(_window(points, sig.PREFIX_CACHE_QUERIES_PER_S, ref_start, now))
+    pairs = [(t, h, queries[t]) for t, h in hits if t in queries]
+    if not pairs:
+        return _drop(_window(points, sig.ENGINE_HIT_RATIO, ref_start, now), now, s)
+    # ratio of sums over each trailing level_s window, at every point
+    ratios: list[tuple[float, float]] = []
+    lo = 0
+    h_acc = q_acc = 0.0
+    for t, h, q in pairs:
+        h_acc += h
+        q_acc += q
+        while pairs[lo][0] <= t - s.level_s:
+            h_acc -= pairs[lo][1]
+            q_acc -= pairs[lo][2]
+            lo += 1
+        if q_acc > 0:
+            ratios.append((t, h_acc / q_acc))
+    if not ratios:
+        return None
+    best = max(v for _, v in ratios)
+    return max(0.0, best - ratios[-1][1]) if ratios[-1][0] > now - s.level_s else None
+
+
+def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str, float | None]:
+    level = now - s.level_s
+    trend = now - s.trend_s
+    ref = now - s.reference_s
+    out: dict[str, float | None] = {}
+    if mode == "sidecar":
+        demand = _mean(_window(points, sig.DEMAND_FRACTION, level, now))
+        out["kv_demand"] = demand
+        above = demand is not None and demand >= s.demand_trend_floor
+        growth = slope_per_min(_window(points, sig.DEMAND_FRACTION, trend, now))
+        out["demand_trend"] = None if growth is None or demand is None else (growth if above else 0.0)
+        flow = slope_per_min(_window(points, sig.SESSIONS_IN_SYSTEM, trend, now))
+        out["session_flow"] = None if flow is None or demand is None else (flow if above else 0.0)
+        missed = _missed(points, now, s, sidecar=True)
+        out["missed_prefill"] = None if missed is None else missed / s.prefill_capacity_tokens_per_s
+        out["rt_trend"] = _drop(_window(points, sig.TOKEN_WEIGHTED, ref, now), now, s)
+        return out
+    out["kv_usage"] = _mean(_window(points, sig.KV_USAGE, level, now))
+    out["queue"] = _mean(_window(points, sig.REQUESTS_WAITING, level, now))
+    out["queue_growth"] = slope_per_min(_window(points, sig.REQUESTS_WAITING, trend, now))
+    out["preemptions"] = _mean(_window(points, sig.PREEMPTIONS_PER_S, level, now))
+    out["hit_trend"] = _engine_hit_drop(points, now, s)
+    missed = _missed(points, now, s, sidecar=False)
+    out["missed_prefill"] = None if missed is None else missed / s.prefill_capacity_tokens_per_s
+    gen = _window(points, sig.GENERATION_TOKENS_PER_S, ref, now)
+    drop = _drop(gen, now, s)
+    if drop is not None:
+        best = _rolling_best(gen, s.level_s) or 0.0
+        drop = drop / best if best > 0 else 0.0
+        prompt = _window(points, sig.PROMPT_TOKENS_PER_S, ref, now)
+        prompt_drop = _drop(prompt, now, s)
+        prompt_best = _rolling_best(prompt, s.level_s) or 0.0
+        if prompt_drop is not None and prompt_best > 0 and prompt_drop / prompt_best >= drop:
+            drop = 0.0  # less work offered, not a symptom
+    out["throughput"] = drop
+    return out
+
+
+def _pressure(name: str, value: float | None, s: RiskSettings) -> float:
+    lo, hi = {
+        "kv_demand": (s.demand_lo, s.demand_hi), "demand_trend": (s.demand_growth_lo, s.demand_growth_hi),
+        "session_flow": (s.flow_lo, s.flow_hi), "missed_prefill": (s.missed_lo, s.missed_hi),
+        "rt_trend": (s.drop_lo, s.drop_hi), "hit_trend": (s.drop_lo, s.drop_hi),
+        "throughput": (s.drop_lo, s.drop_hi), "kv_usage": (s.kv_lo, s.kv_hi), "queue": (s.queue_lo, s.queue_hi),
+        "queue_growth": (s.queue_growth_lo, s.queue_growth_hi), "preemptions": (s.preempt_lo, s.preempt_hi),
+    }[name]
+    return ramp(value, lo, hi)
+
+
+def assess(points: Points, now: float, mode: Mode, settings: RiskSettings | None = None) -> Assessment:
+    """The collapse risk at ``now`` from ``points`` (see the module docstring)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown risk mode {mode!r}; known: {', '.join(MODES)}")
+    s = settings or RiskSettings()
+    values = _values(points, now, mode, s)
+    inputs = []
+    for name in INPUTS[mode]:
+        value = values.get(name)
+        pressure = _pressure(name, value, s)
+        inputs.append(RiskInput(name, None if value is None else round(value, 4), round(pressure, 4),
+                                round(s.weight(name) * pressure, 4)))
+    if all(i.value is None for i in inputs):
+        return Assessment(now, mode, None, tuple(inputs))
+    score = min(1.0, sum(i.contribution for i in inputs))
+    return Assessment(now, mode, round(score, 4), tuple(inputs))
+
+
+def mode_for(signals: Iterable[str]) -> Mode:
+    """``sidecar`` when sidecar budgeter signals are present, else ``engine``."""
+    return "sidecar" if sig.DEMAND_FRACTION in set(signals) else "engine"
