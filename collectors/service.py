@@ -292,7 +292,8 @@ class Collector:
     def _keep_for_retry(self, result: WriteResult) -> None:
         now = self.clock()
         # Sidecar documents are read again from the uncommitted cursors; keep the samples only.
-        kept = [replace(o, retried=True, state=None, sessions=None, subtrees=None, decisions=[], audit=[])
+        kept = [replace(o, retried=True, state=None, sessions=None, subtrees=None, decisions=[], audit=[],
+                        turns=[])
                 for o in result.failed if now - o.ts <= RETRY_FOR_S]
         self._retry = kept[-RETRY_MAX:]
         self.write_failures += 1
