@@ -66,9 +66,10 @@ def live_end(settings: Settings, now: float | None = None) -> float:
     return math.ceil((time.time() if now is None else now) / step) * step
 
 
-def resolve(params: dict[str, str], shared: dict[str, object], now: float) -> TimeWindow:
-    """The window the URL (then the session) asks for at `now`. Pure, for tests."""
-    label = params.get("range") or str(shared.get("range") or DEFAULT_RANGE)
+def resolve(params: dict[str, str], shared: dict[str, object], now: float, default: str = DEFAULT_RANGE
+            ) -> TimeWindow:
+    """The window the URL (then the session's last choice, then `default`) asks for at `now`. Pure."""
+    label = params.get("range") or str(shared.get("range") or default)
     if label not in RANGES and label != CUSTOM:
         label = DEFAULT_RANGE
     at = _epoch(params.get("at"))
@@ -99,12 +100,13 @@ def _utc(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC).replace(tzinfo=None)
 
 
-def time_control(settings: Settings, *, key: str) -> TimeWindow:
-    """Draw the control (one row) and return the window; `key` is unique per page."""
+def time_control(settings: Settings, *, key: str, default: str = DEFAULT_RANGE) -> TimeWindow:
+    """Draw the control (one row) and return the window; `key` is unique per page. `default` applies only
+    until a range is chosen on any page (the Audit page opens on a day)."""
     shared: dict[str, object] = st.session_state.setdefault(SHARED_KEY, {})
     params = {k: st.query_params.get(k) for k in ("range", "from", "to", "at")}
     now = live_end(settings)
-    window = resolve({k: v for k, v in params.items() if v is not None}, shared, now)
+    window = resolve({k: v for k, v in params.items() if v is not None}, shared, now, default)
     if window.at is not None:
         cols = st.columns([5, 1])
         cols[0].info(f"Showing the moment {_utc(window.at):%Y-%m-%d %H:%M:%S} UTC (from a link, marked on the "
@@ -131,7 +133,8 @@ def time_control(settings: Settings, *, key: str) -> TimeWindow:
         shared["range"] = CUSTOM
         return TimeWindow(s_ts, e_ts, CUSTOM, None, False)
     span = RANGES[chosen]
-    shared["range"] = chosen
+    if params.get("range") or chosen != window.label:  # a choice (not a page's default) follows to other pages
+        shared["range"] = chosen
     if live:
         _set_params(range=chosen, **{"from": None, "to": None})
         return TimeWindow(now - span, now, chosen, None, True)

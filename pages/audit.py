@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard import data
 from dashboard.settings import Settings
+from dashboard.timerange import time_control
 from dashboard.ui import csv_safe, ensure_router, fmt_ts, require_database
 
 ensure_router()
@@ -19,14 +20,13 @@ url = settings.database_url
 st.title("Audit")
 require_database(settings)
 
-SPANS = {"1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400}
 SOURCES = ["sidecar", "dashboard", "collector"]
-row = st.columns([2, 3, 2, 2, 2])
-span = row[0].selectbox("Period", list(SPANS), index=1, key="audit_span", format_func=lambda v: f"last {v}")
-sources = row[1].multiselect("Source", SOURCES, default=SOURCES, key="audit_sources")
-actor = row[2].text_input("Who", key="audit_actor")
-action = row[3].text_input("Action contains", key="audit_action")
-target = row[4].text_input("Target contains", key="audit_target")
+window = time_control(settings, key="audit", default="24h")
+row = st.columns([3, 2, 2, 2])
+sources = row[0].multiselect("Source", SOURCES, default=SOURCES, key="audit_sources")
+actor = row[1].text_input("Who", key="audit_actor")
+action = row[2].text_input("Action contains", key="audit_action")
+target = row[3].text_input("Target contains", key="audit_target")
 
 
 def _json(value: Any) -> str:
@@ -36,7 +36,8 @@ def _json(value: Any) -> str:
 
 
 def audit_table(now: float) -> pd.DataFrame:
-    frame = data.audit(url, data.live_now(settings) - SPANS[span], data.live_now(settings))
+    w = window.moving(data.live_now(settings))
+    frame = data.audit(url, w.start, w.end)
     if frame.empty:
         return pd.DataFrame(columns=["time (UTC)", "source", "target", "who", "action", "params", "result",
                                      "before", "after"])
@@ -61,7 +62,7 @@ def audit_table(now: float) -> pd.DataFrame:
     })
 
 
-@st.fragment(run_every=settings.refresh_seconds)
+@st.fragment(run_every=settings.refresh_seconds if window.live else None)
 def audit_panel() -> None:
     now = time.time()
     try:

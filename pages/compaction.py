@@ -11,22 +11,25 @@ import streamlit as st
 from dashboard import actions, charts, data
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text
-from dashboard.ui import escape_md, fmt_ts, open_sidecar_page
+from dashboard.timerange import time_control
+from dashboard.ui import escape_md, fmt_ts, max_gap_for, open_sidecar_page
 
 settings, ref = open_sidecar_page("Compaction", "there is no compaction gate to show or control.")
 url = settings.database_url
 sidecar_id = ref.sidecar_target_id
+window = time_control(settings, key="compaction")
 
 
-@st.fragment(run_every=settings.refresh_seconds)
+@st.fragment(run_every=settings.refresh_seconds if window.live else None)
 def gate_panel() -> None:
     now = time.time()
+    w = window.moving(data.live_now(settings))
+    start, end = w.start, w.end
     try:
         side = data.sidecar_states(url).get(sidecar_id)
-        end = data.live_now(settings)
-        frame = data.series(url, (sidecar_id,), ("divergence", "token_weighted", "request_weighted"), end - 3600, end)
+        frame = data.series(url, (sidecar_id,), ("divergence", "token_weighted", "request_weighted"), start, end)
         subtrees = data.subtrees(url, (sidecar_id,))
-        decisions = data.decisions(url, (sidecar_id,), end - 6 * 3600, end)
+        decisions = data.decisions(url, (sidecar_id,), start, end)
     except data.DatabaseUnavailable as exc:
         st.error(str(exc))
         return
@@ -58,7 +61,7 @@ def gate_panel() -> None:
     else:
         cols[3].metric("Operator deferral", "none")
     fig = go.Figure()
-    trace = charts.signal_line(frame, "divergence", max_gap=10.0)
+    trace = charts.signal_line(frame, "divergence", max_gap=max_gap_for(w))
     if trace is not None:
         fig.add_trace(trace)
     threshold = float(reuse.get("regime_enter") or settings.divergence_threshold)
@@ -70,12 +73,12 @@ def gate_panel() -> None:
                                "text": [f"{dec} {sub}: {why}" for dec, sub, why in
                                         zip(decisions["decision"], decisions["subtree_id"], decisions["reason"],
                                             strict=True)]})
-        charts.add_events(fig, events[events["ts"] >= end - 3600], y=1.0)
+        charts.add_events(fig, events, y=1.0)
     charts.add_staleness(fig, None if frame.empty else float(frame["ts"].max()), now, settings.stale_after_seconds)
     fig.update_yaxes(range=[-0.1, 1.05], title_text="D")
     fig.update_layout(**{**charts.BASE_LAYOUT, "height": 260},
-                      title=dict(text="D over the last hour, with the gate's decisions (UTC)", font=dict(size=14)))
-    fig.update_xaxes(range=[charts.to_time(end - 3600), charts.to_time(end)])
+                      title=dict(text="D with the gate's decisions (UTC)", font=dict(size=14)))
+    fig.update_xaxes(range=[charts.to_time(start), charts.to_time(end)])
     st.plotly_chart(fig, key="compaction_divergence", width="stretch")
 
     st.subheader("Subtrees by warmth (hot first)")
@@ -91,9 +94,9 @@ def gate_panel() -> None:
             "last hit": [age_text(now - t) if t == t and t is not None else "never" for t in subtrees["last_hit_ts"]],
         })
         st.dataframe(shown, hide_index=True, width="stretch", key="compaction_subtrees")
-    st.subheader("Recent gate decisions (last 6 h, newest first)")
+    st.subheader("Gate decisions in the time range (newest first)")
     if decisions.empty:
-        st.caption("No compaction requests in the last 6 hours.")
+        st.caption("No compaction requests in the time range.")
     else:
         shown = pd.DataFrame({
             "time (UTC)": [fmt_ts(t) for t in decisions["ts"]],

@@ -115,6 +115,8 @@ def fleet_panel() -> None:
             line[2].markdown(escape_md(r["why"]))
         if len(attention) > ATTENTION_SHOWN:
             st.caption(f"... and {len(attention) - ATTENTION_SHOWN} more in the table below.")
+            with st.expander(f"All {len(attention)} needing attention, with the cause and next step in full"):
+                st.text("\n".join(f"{r['state']:<11} {r['engine']}: {r['why']}" for r in attention))
     st.caption(f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
                f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
                "stale engine are its last known values (grey).")

@@ -119,3 +119,18 @@ def test_alerts_and_silences(conn: Connection, engine: Engine, fill_now: float) 
     assert q.expire_silence(engine, sid, now=fill_now)
     assert not q.expire_silence(engine, sid, now=fill_now + 1)
     assert q.silences_frame(conn, fill_now).empty
+
+
+@pytest.mark.parametrize(("params", "shared", "expected"), [
+    ({}, {}, (1000.0 - 3600, 1000.0, "1h", None, True)),
+    ({}, {"range": "6h"}, (1000.0 - 6 * 3600, 1000.0, "6h", None, True)),  # the last page's choice
+    ({"range": "15m", "to": "900"}, {}, (0.0, 900.0, "15m", None, False)),  # paused
+    ({"range": "custom", "from": "100", "to": "200"}, {}, (100.0, 200.0, "custom", None, False)),
+    ({"range": "15m", "at": "500"}, {}, (50.0, 950.0, "15m", 500.0, False)),  # centred on the moment
+    ({"range": "bogus"}, {}, (1000.0 - 3600, 1000.0, "1h", None, True)),
+])
+def test_time_window_from_the_url_and_the_session(params: dict, shared: dict, expected: tuple) -> None:
+    from dashboard.timerange import resolve
+
+    w = resolve(params, shared, 1000.0)
+    assert (w.start, w.end, w.label, w.at, w.live) == expected

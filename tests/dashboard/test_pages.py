@@ -137,14 +137,14 @@ def test_alerts_page_lists_firing_alerts_with_links(db_url: str) -> None:
 
 
 def test_audit_page_filters_and_exports_csv(db_url: str) -> None:
-    at = app("audit")
+    at = app("audit", range="24h")
     table = at.dataframe[0].value
     assert {"sidecar", "dashboard"} <= set(table["source"])
     at.text_input(key="audit_actor").input("bob").run()
     table = at.dataframe[0].value
     assert set(table["who"]) == {"bob"}
     assert '"low": 0.75' in table.iloc[0]["before"]
-    at.selectbox(key="audit_span").set_value("1h").run()
+    at.segmented_control(key="audit_range").set_value("1h").run()
     assert at.dataframe[0].value.empty  # bob acted three hours ago
 
 
