@@ -204,6 +204,32 @@ class CompactionDecision(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+class Turn(Base):
+    """The sidecars' turn trace (GET /turns?after_id=N), one row per turn; no prompt content.
+
+    Kept as long as raw samples (``raw_retention_h``)."""
+
+    __tablename__ = "turns"
+    __table_args__ = (UniqueConstraint("target_id", "epoch", "remote_id"), Index(None, "ts"),
+                      Index(None, "session_id", "ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # as for decisions
+    remote_id: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float]
+    session_id: Mapped[str | None] = mapped_column(String(256))
+    subtree_id: Mapped[str | None] = mapped_column(String(256))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    held_s: Mapped[float | None]
+    parked_s: Mapped[float | None]
+    latency_s: Mapped[float | None]
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(200))
+
+
 class AuditEntry(Base):
     """The audit trail: sidecar audit entries (source='sidecar') and dashboard actions (source='dashboard')."""
 

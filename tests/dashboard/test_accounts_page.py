@@ -69,3 +69,21 @@ def test_the_accounts_page_is_listed_for_admins_only(db_url: str) -> None:
     at = app()
     with pytest.raises(ValueError, match="Could not find a navigation page"):
         at.switch_page("pages/accounts.py")
+
+
+def test_a_viewer_can_neither_silence_nor_expire_and_an_operator_silences_as_their_account(db_url: str) -> None:
+    at = sign_in(app(), name="vera")
+    at.switch_page("pages/alerts.py").run()
+    card_buttons = [b for b in at.button if b.key and b.key.startswith(("silence_", "ack_", "expire_"))]
+    assert card_buttons and all(b.disabled for b in card_buttons)
+    at = sign_in(app(), name="alice")
+    at.switch_page("pages/alerts.py").run()
+    silence = next(b for b in at.button if b.key and b.key.startswith("silence_") and b.key != "silence_add")
+    silence.click().run()
+    at.button(key="confirm_action").click().run()
+    from db.models import AuditEntry, Silence
+
+    with make_engine(db_url).connect() as conn:
+        made = conn.execute(select(Silence.created_by).order_by(Silence.id.desc())).scalars().first()
+        audit = conn.execute(select(AuditEntry.actor, AuditEntry.action).order_by(AuditEntry.id.desc())).first()
+    assert made == "alice" and tuple(audit) == ("alice", "alert.silence")

@@ -37,7 +37,7 @@ def test_upgrade_from_0003_with_data_keeps_it_and_adds_the_accounts_tables(db_ur
                                                      severity="critical", state="firing", started_ts=T0,
                                                      summary="s", values={}, silenced=False))
     upgrade(engine)
-    assert current_revision(engine) == head_revision() == "0004"
+    assert current_revision(engine) == head_revision()
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(Sample)).scalar() == 60 * 3
         assert conn.execute(select(AuditEntry.actor)).scalars().all() == ["alice"]
