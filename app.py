@@ -13,6 +13,7 @@ import logging
 import streamlit as st
 
 from dashboard import actions
+from dashboard.auth import current_identity
 from dashboard.settings import Settings, SettingsError
 from dashboard.sidebar import render_heartbeat, render_sign_in
 from dashboard.ui import route_default_alias
@@ -33,15 +34,20 @@ PAGES = [
     st.Page("pages/alerts.py", title="Alerts", url_path="alerts"),
     st.Page("pages/audit.py", title="Audit", url_path="audit"),
 ]
-
-route_default_alias("overview")
-page = st.navigation(PAGES)
+ACCOUNTS_PAGE = st.Page("pages/accounts.py", title="Accounts", url_path="accounts")
 
 try:
     settings = Settings.from_env()
 except SettingsError as exc:
+    route_default_alias("overview")
+    st.navigation(PAGES)
     st.error(f"Dashboard configuration error: {exc}")
     st.stop()
+
+# The Accounts page is listed for admins only (the page checks the role again).
+who = current_identity(settings)
+route_default_alias("overview")
+page = st.navigation(PAGES + ([ACCOUNTS_PAGE] if who is not None and who.may_manage_accounts else []))
 
 render_sign_in(settings)
 render_heartbeat(settings)

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 
+from collectors import turn_trace
 from collectors.store_sidecar import chunks as _chunks
 from db.models import CollectorState, Notification, Rollup1m, Rollup10m, Sample, Series, Session, Subtree
 from db.queries import RAW_RETENTION_KEY, ROLLUP10_WATERMARK_KEY, ROLLUP_WATERMARK_KEY
@@ -129,6 +130,7 @@ class Rollups:
                                                                     Rollup1m.ts < roll_cutoff)).rowcount or 0
                 conn.execute(delete(Rollup10m).where(Rollup10m.series_id.in_(chunk), Rollup10m.ts < roll_cutoff))
             self._set_state(conn, RAW_RETENTION_KEY, raw_retention_s)
+            turn_trace.prune(conn, now - raw_retention_s)  # the turn trace goes with the raw tier
             keep = rollup_retention_s if keep_alerts_s is None else keep_alerts_s
             conn.execute(delete(Notification).where(Notification.created_ts < now - keep))
             conn.execute(delete(Session).where(Session.present.is_(False), Session.last_seen_ts < now - keep))

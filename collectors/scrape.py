@@ -22,6 +22,7 @@ import httpx
 
 from collectors import checks as check
 from collectors import sidecar_docs as docs
+from collectors import turn_trace
 from collectors.config import EngineTarget, SidecarTarget
 from core import engine_metrics as em
 from core import rates
@@ -58,6 +59,8 @@ class ScrapeOutcome:
     audit: list[dict[str, Any]] = field(default_factory=list)
     decision_epoch: int = 0  # which of the sidecar's logs (a wiped state db starts a new one)
     audit_epoch: int = 0
+    turns: list[dict[str, Any]] = field(default_factory=list)  # the turn trace (collectors/turn_trace.py)
+    turns_epoch: int = 0
     retried: bool = False  # written again after a failed write
 
 
@@ -228,7 +231,8 @@ class SidecarScraper:
         self.timeout_s = timeout_s
         self.max_page_bytes = max_page_bytes
         self.clock = clock
-        self.cursors: dict[str, LogCursor] = {"decisions": LogCursor(), "audit": LogCursor(), **(cursors or {})}
+        self.cursors: dict[str, LogCursor] = {"decisions": LogCursor(), "audit": LogCursor(), "turns": LogCursor(),
+                                              **(cursors or {})}
         self.sessions_mark: float | None = None  # committed; None: the next read is a full listing
         self.sessions_next: str | None = None  # committed `next` of a read cut short by MAX_PAGES
         self.last_full_ts: float | None = None
@@ -264,13 +268,20 @@ class SidecarScraper:
 
     def _read_log(self, client: httpx.Client, name: str, path: str,
                   parse: Callable[[Mapping[str, Any]], dict[str, Any] | None], key: str,
-                  model: type[wire.Wire]) -> tuple[int, list[dict[str, Any]]]:
-        """(epoch, entries after the committed cursor) of one incremental log."""
+                  model: type[wire.Wire], pages: int = 1) -> tuple[int, list[dict[str, Any]]]:
+        """(epoch, entries after the committed cursor) of one incremental log (up to ``pages`` pages)."""
         cur = self.cursors[name]
 
         def read(after: int) -> list[dict[str, Any]]:
-            docs_ = docs.require_list(self._get(client, f"{path}?after_id={after}"), f"{self.url}{path}")
-            return [r for r in (self.checker.row(parse(self._typed(model, d, path)), path) for d in docs_) if r]
+            out: list[dict[str, Any]] = []
+            for _ in range(pages):
+                page = self._get(client, f"{path}?after_id={after}&limit={self.PAGE}")
+                docs_ = docs.require_list(turn_trace.turns_items(page), f"{self.url}{path}")
+                out += [r for r in (self.checker.row(parse(self._typed(model, d, path)), path) for d in docs_) if r]
+                if len(docs_) < self.PAGE or not out:
+                    break
+                after = out[-1]["remote_id"]
+            return out
 
         if cur.after_id <= 0:
             return cur.epoch, [r for r in read(0) if r["remote_id"] > 0]
@@ -337,18 +348,31 @@ class SidecarScraper:
             decision_epoch, decisions = self._read_log(client, "decisions", "/compaction/decisions",
                                                        docs.decision_row, "decision", wire.DecisionDoc)
             audit_epoch, audit = self._read_log(client, "audit", "/audit", docs.audit_row, "action", wire.AuditEntry)
+            turns_epoch, turns = self._read_turns(client)
         except (ScrapeError, docs.SidecarPayloadError) as exc:
             return ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc),
                                  kind="sidecar")
         outcome = self.outcome(state, sessions, subtrees, decisions, audit, ts, started)
         outcome.sessions_full, outcome.sessions_mark, outcome.sessions_next = full, mark, resume
         outcome.decision_epoch, outcome.audit_epoch = decision_epoch, audit_epoch
+        outcome.turns, outcome.turns_epoch = turns, turns_epoch
         return outcome
+
+    def _read_turns(self, client: httpx.Client) -> tuple[int, list[dict[str, Any]]]:
+        """The turn trace after the committed cursor; a sidecar without /turns (older) has none."""
+        try:
+            return self._read_log(client, "turns", "/turns", turn_trace.turn_row, "outcome", wire.TurnDoc,
+                                  pages=self.MAX_PAGES)
+        except ScrapeError as exc:
+            if "HTTP 404" not in str(exc):
+                raise
+            return self.cursors["turns"].epoch, []
 
     def commit(self, outcome: ScrapeOutcome) -> None:
         """The writer stored `outcome`: reading resumes after what it held."""
         for name, rows, epoch, key in (("decisions", outcome.decisions, outcome.decision_epoch, "decision"),
-                                       ("audit", outcome.audit, outcome.audit_epoch, "action")):
+                                       ("audit", outcome.audit, outcome.audit_epoch, "action"),
+                                       ("turns", outcome.turns, outcome.turns_epoch, "outcome")):
             cur = self.cursors[name]
             if not rows or (epoch, max(r["remote_id"] for r in rows)) <= (cur.epoch, cur.after_id):
                 continue

@@ -40,6 +40,7 @@ from db.models import (
     Series,
     Silence,
     Target,
+    Turn,
 )
 
 __all__ = ["Store", "WriteResult", "describe_failure", "merge_rollups", "rollup_rows"]
@@ -120,7 +121,8 @@ class Store(Rollups):
         out: dict[str, LogCursor] = {}
         with self.engine.connect() as conn:
             for log_name, model, key_column in (("decisions", CompactionDecision, CompactionDecision.decision),
-                                                ("audit", AuditEntry, AuditEntry.action)):
+                                                ("audit", AuditEntry, AuditEntry.action),
+                                                ("turns", Turn, Turn.outcome)):
                 row = conn.execute(select(model.epoch, model.remote_id, model.ts, key_column)
                                    .where(model.target_id == target_id, model.remote_id.is_not(None))
                                    .order_by(model.epoch.desc(), model.remote_id.desc()).limit(1)).first()

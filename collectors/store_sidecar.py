@@ -1,4 +1,4 @@
-"""The writer's part for sidecar documents: /state, session and subtree listings, decisions and audit.
+"""The writer's part for sidecar documents: /state, session and subtree listings, decisions, audit, turns.
 
 Runs inside the writer's transaction (`collectors.store.Store._write`). The row-id caches it
 fills belong to the `Store` and are dropped by it when the transaction rolls back.
@@ -17,7 +17,7 @@ from sqlalchemy import Connection, bindparam, insert, select, update
 
 from collectors.scrape import ScrapeOutcome
 from collectors.sidecar_docs import state_meta
-from db.models import AuditEntry, CompactionDecision, Session, SidecarState, Subtree
+from db.models import AuditEntry, CompactionDecision, Session, SidecarState, Subtree, Turn
 
 IN_CHUNK = 500
 ListingCache = dict[int, dict[str, int]]
@@ -43,7 +43,8 @@ def write_sidecar(conn: Connection, tid: int, o: ScrapeOutcome, sessions_cache: 
     if o.subtrees is not None:
         upsert_listing(conn, Subtree, "subtree_id", subtrees_cache, tid, o.subtrees, o.ts, full=True)
     entries: tuple[tuple[Any, list[dict[str, Any]], int], ...] = (
-        (CompactionDecision, o.decisions, o.decision_epoch), (AuditEntry, o.audit, o.audit_epoch))
+        (CompactionDecision, o.decisions, o.decision_epoch), (AuditEntry, o.audit, o.audit_epoch),
+        (Turn, o.turns, o.turns_epoch))
     for model, rows, epoch in entries:
         if rows:
             insert_entries(conn, model, tid, rows, epoch, o.ts)
@@ -64,7 +65,7 @@ def insert_entries(conn: Connection, model: Any, tid: int, rows: list[dict[str, 
     if fresh and epoch > 0 and conn.execute(select(model.id).where(model.target_id == tid, model.epoch == epoch)
                                             .limit(1)).first() is None:
         # The first entry of a restarted log: say so in the audit, where operators look.
-        log_name = "audit" if model is AuditEntry else "compaction decisions"
+        log_name = {AuditEntry: "audit", CompactionDecision: "compaction decisions"}.get(model, model.__tablename__)
         conn.execute(insert(AuditEntry).values(
             source="collector", target_id=tid, epoch=epoch, remote_id=None, ts=ts, actor="collectors",
             action="sidecar-log-restarted", params={"log": log_name, "epoch": epoch},

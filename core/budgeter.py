@@ -400,6 +400,17 @@ class Budgeter:
         if s is not None:
             s.held = False
 
+    def cap_demand(self, limit: int) -> list[str]:
+        """Lower output budgets so no session's demand exceeds ``limit`` tokens where its budget allows
+        (a budget restored from before a limit existed, say); returns the ids changed. Totals stay exact."""
+        changed = []
+        for s in self._sessions.values():
+            if s.demand_tokens > limit and s.output_budget > 0:
+                with self._edit(s):
+                    s.output_budget = max(0, limit - max(s.context_tokens, s.inflight_prompt))
+                changed.append(s.id)
+        return changed
+
     def add_unsessioned(self, request_id: str, tokens: int) -> None:
         self._unsessioned[request_id] = max(0, tokens)
 

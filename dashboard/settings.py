@@ -2,8 +2,8 @@
 
 Optional settings come from the environment, not `st.secrets`: with no secrets
 file `st.secrets.get(key, default)` raises instead of returning the default.
-Nothing here is ever rendered: operator tokens and the passphrase stay on the
-server. The D threshold drawn on charts is the regime's own (`core.reuse.DEFAULT_REGIME.enter`, or the
+Nothing here is ever rendered: operator tokens stay on the server. Operator
+accounts live in the database (`python -m dashboard accounts ...`). The D threshold drawn on charts is the regime's own (`core.reuse.DEFAULT_REGIME.enter`, or the
 sidecar's `regime_enter`), not a setting: one source for every policy default.
 
 | variable | default | meaning |
@@ -13,7 +13,6 @@ sidecar's `regime_enter`), not a setting: one source for every policy default.
 | PREFIXOPS_STALE_SECONDS | 10 | a target whose last good scrape is older is shown stale |
 | PREFIXOPS_HEARTBEAT_STALE_SECONDS | 15 | the collectors' heartbeat older than this: collectors down |
 | PREFIXOPS_CACHED_TOKEN_PRICE | 0.1 | price of a cached prompt token relative to an uncached one |
-| PREFIXOPS_OPERATOR_PASSPHRASE | (unset: local sign-in off) | local operator passphrase |
 | PREFIXOPS_OPERATOR_ALLOWLIST | (empty) | comma-separated OIDC identities (email or sub) allowed to act |
 | PREFIXOPS_OPERATOR_TOKEN | (unset) | operator bearer token for every sidecar |
 | PREFIXOPS_CONFIG | (unset) | the fleet TOML (`collectors.config`); `[[sidecars]]` entries may carry `operator_token` |
@@ -60,7 +59,6 @@ class Settings:
     heartbeat_stale_seconds: float = 15.0
     divergence_threshold: float = DEFAULT_REGIME.enter
     cached_token_price: float = 0.1
-    operator_passphrase: str | None = field(default=None, repr=False)
     operator_allowlist: frozenset[str] = frozenset()
     default_operator_token: str | None = field(default=None, repr=False)
     config_path: str | None = None
@@ -78,7 +76,6 @@ class Settings:
             stale_after_seconds=_float(env, "PREFIXOPS_STALE_SECONDS", 10.0, minimum=1.0),
             heartbeat_stale_seconds=_float(env, "PREFIXOPS_HEARTBEAT_STALE_SECONDS", 15.0, minimum=1.0),
             cached_token_price=_float(env, "PREFIXOPS_CACHED_TOKEN_PRICE", 0.1),
-            operator_passphrase=env.get("PREFIXOPS_OPERATOR_PASSPHRASE") or None,
             operator_allowlist=allow,
             default_operator_token=env.get("PREFIXOPS_OPERATOR_TOKEN") or None,
             config_path=env.get("PREFIXOPS_CONFIG") or None,

@@ -13,49 +13,53 @@ from dashboard import frames as q
 from dashboard.settings import Settings
 from dashboard.status import age_text, collectors_alive
 from dashboard.ui import escape_md
+from db import accounts
 
 logger = logging.getLogger(__name__)
 
 
-def _audit_sign_in(settings: Settings, name: str, action: str, outcome: str, method: str) -> None:
+def _no_accounts_hint(settings: Settings) -> str | None:
+    """How to create the first account when there is none (None when there are accounts, or on a DB error)."""
     try:
-        q.write_audit(data.write_engine(settings.database_url), actor=name, action=action, outcome=outcome,
-                      params={"method": method})
-    except SQLAlchemyError as exc:
-        logger.error("could not audit %s of %r: %s", action, name, type(exc).__name__)
+        if accounts.list_accounts(data.read_engine(settings.database_url)):
+            return None
+    except SQLAlchemyError:
+        return None
+    return ("No accounts yet: create one on the server with "
+            "`python -m dashboard accounts add NAME --role admin` (the password is read from standard input).")
 
 
 def render_sign_in(settings: Settings) -> auth.Operator | None:
-    operator = auth.current_operator(settings)
+    """The sidebar's sign-in block; returns whoever is signed in (any role)."""
+    who = auth.current_identity(settings)
     with st.sidebar:
-        st.subheader("Operator")
-        if operator is not None:
-            st.markdown(f"Signed in as **{escape_md(operator.name)}** ({operator.method})")
-            if operator.method == "passphrase":
+        auth.render_cookie_sync()
+        st.subheader("Account")
+        if who is not None:
+            st.markdown(f"Signed in as **{escape_md(who.name)}** ({who.role}"
+                        + (", single sign-on" if who.method == "oidc" else "") + ")")
+            if who.method == "password":
                 if st.button("Sign out", key="sign_out"):
-                    gone = auth.sign_out()
-                    if gone:
-                        _audit_sign_in(settings, gone.name, "sign-out", "ok", gone.method)
+                    auth.sign_out(settings)
                     st.rerun()
-            else:
-                if st.button("Log out", key="oidc_logout"):
-                    st.logout()
-            return operator
+            elif st.button("Log out", key="oidc_logout"):
+                st.logout()
+            return who
         st.caption(auth.signed_out_reason(settings))
-        if settings.operator_passphrase:
+        if data.database_problem(settings.database_url) is None:
+            hint = _no_accounts_hint(settings)
+            if hint:
+                st.caption(hint)
             with st.form("sign_in_form", clear_on_submit=False):
-                name = st.text_input("Your name", key="sign_in_name", max_chars=64)
-                passphrase = st.text_input("Operator passphrase", type="password", key="sign_in_passphrase")
+                name = st.text_input("Account", key="sign_in_name", max_chars=64, autocomplete="username")
+                password = st.text_input("Password", type="password", key="sign_in_password",
+                                         autocomplete="current-password")
                 submitted = st.form_submit_button("Sign in")
             if submitted:
-                op, message = auth.try_passphrase_sign_in(settings, name or "", passphrase or "")
+                op, message = auth.try_sign_in(settings, name or "", password or "")
                 if op is not None:
-                    _audit_sign_in(settings, op.name, "sign-in", "ok", "passphrase")
                     st.rerun()
-                else:
-                    if name and name.strip() and auth.validate_name(name) is None:
-                        _audit_sign_in(settings, name.strip(), "sign-in", f"refused: {message}", "passphrase")
-                    st.error(escape_md(message))
+                st.error(escape_md(message))
         if auth.oidc_configured() and st.button("Sign in with SSO", key="oidc_login"):
             st.login()
     return None

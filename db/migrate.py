@@ -23,7 +23,8 @@ FIRST_REVISION = "0001"
 # For databases created without Alembic (tables present, no alembic_version): the newest
 # revision whose table (and column, when one is named) exists is the one they are at.
 REVISION_MARKERS: tuple[tuple[str, str, str | None], ...] = (
-    ("0003_epochs", "audit", "epoch"), ("0002", "rollups_10m", None), ("0001", "targets", None))
+    ("0005_turns", "turns", None), ("0004", "accounts", None), ("0003_epochs", "audit", "epoch"),
+    ("0002", "rollups_10m", None), ("0001", "targets", None))
 
 
 def alembic_config(url: str | None = None) -> Config:

@@ -13,7 +13,8 @@ Conventions (stable; columns may be added, never renamed):
   the sidecar did not send the field).
 - The collectors process is the only writer, except ``audit`` rows with
   ``source='dashboard'``, ``alerts.acknowledged_*`` and ``silences``, which the
-  dashboard writes.
+  dashboard writes, and ``accounts``, ``account_sessions`` and ``security_log``,
+  which the dashboard and its CLI (`python -m dashboard accounts ...`) write.
 """
 
 from __future__ import annotations
@@ -203,6 +204,32 @@ class CompactionDecision(Base):
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+class Turn(Base):
+    """The sidecars' turn trace (GET /turns?after_id=N), one row per turn; no prompt content.
+
+    Kept as long as raw samples (``raw_retention_h``)."""
+
+    __tablename__ = "turns"
+    __table_args__ = (UniqueConstraint("target_id", "epoch", "remote_id"), Index(None, "ts"),
+                      Index(None, "session_id", "ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # as for decisions
+    remote_id: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float]
+    session_id: Mapped[str | None] = mapped_column(String(256))
+    subtree_id: Mapped[str | None] = mapped_column(String(256))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    held_s: Mapped[float | None]
+    parked_s: Mapped[float | None]
+    latency_s: Mapped[float | None]
+    outcome: Mapped[str | None] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(200))
+
+
 class AuditEntry(Base):
     """The audit trail: sidecar audit entries (source='sidecar') and dashboard actions (source='dashboard')."""
 
@@ -303,3 +330,49 @@ class CollectorState(Base):
     key: Mapped[str] = mapped_column(String(100), primary_key=True)
     value: Mapped[float | None]
     text: Mapped[str | None] = mapped_column(Text)
+
+
+class Account(Base):
+    """An individual operator account (see core.accounts for names and roles); the password only as a hash."""
+
+    __tablename__ = "accounts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)  # lower case, core.accounts.NAME_RE
+    role: Mapped[str] = mapped_column(String(16))  # viewer | operator | admin
+    password_hash: Mapped[str] = mapped_column(String(255))  # argon2id, PHC string format
+    created_ts: Mapped[float]
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    password_changed_ts: Mapped[float]
+    last_sign_in_ts: Mapped[float | None]
+
+
+class AccountSession(Base):
+    """A signed-in browser: the SHA-256 of its random session token (the token itself is only in the cookie)."""
+
+    __tablename__ = "account_sessions"
+    __table_args__ = (Index(None, "account_id"), Index(None, "expires_ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    created_ts: Mapped[float]
+    expires_ts: Mapped[float]
+    client: Mapped[str | None] = mapped_column(String(200))
+
+
+class SecurityEvent(Base):
+    """The security log: sign-ins (both outcomes), sign-outs and account changes; kept apart from the audit."""
+
+    __tablename__ = "security_log"
+    __table_args__ = (Index(None, "ts"), Index(None, "account", "ts"), Index(None, "client", "ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    ts: Mapped[float]
+    event: Mapped[str] = mapped_column(String(32))  # sign-in | sign-out | account.add | account.remove | ...
+    account: Mapped[str | None] = mapped_column(String(200))  # the account concerned (as typed, for failures)
+    outcome: Mapped[str] = mapped_column(String(200))  # ok | wrong password | locked | ...
+    method: Mapped[str | None] = mapped_column(String(16))  # password | oidc | cli
+    client: Mapped[str | None] = mapped_column(String(200))  # the browser's address, when known
+    actor: Mapped[str | None] = mapped_column(String(200))  # who made an account change
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

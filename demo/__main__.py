@@ -3,7 +3,8 @@
 Starts the simulated engine, one sidecar in front of it, the collectors, the
 Streamlit dashboard and a load generator of closed-loop agent sessions, each
 as its own process with its output in ``data/logs/NAME.log``. Prints the
-dashboard URL and the operator credentials it generated. Ctrl-C or SIGTERM
+dashboard URL, the admin account it created (name and a fresh password) and
+the sidecar operator token it generated. Ctrl-C or SIGTERM
 stops every process it started. A process that dies is reported with the
 tail of its log and restarted (a few times at most), so one crash does not
 take the demo down silently.
@@ -199,7 +200,29 @@ def set_control_mode(sidecar: str, token: str, mode: str) -> None:
     log.info("sidecar control mode set to %s (recorded in its audit log as actor 'demo')", mode)
 
 
-def build_services(args: argparse.Namespace, operator_token: str, passphrase: str) -> list[Service]:
+DEMO_ADMIN = "admin"
+
+
+def ensure_admin_account(database_url: str, password: str) -> str:
+    """Create the demo's admin account (or give the existing one this password); returns its name."""
+    from core.accounts import AccountError
+    from db import accounts, make_engine
+    from db.migrate import upgrade
+
+    engine = make_engine(database_url)
+    try:
+        upgrade(engine)
+        try:
+            accounts.add_account(engine, DEMO_ADMIN, "admin", password, actor="demo", method="cli")
+        except AccountError:  # left by an earlier run in this data directory
+            accounts.set_role(engine, DEMO_ADMIN, "admin", actor="demo", method="cli")
+            accounts.set_password(engine, DEMO_ADMIN, password, actor="demo", method="cli")
+    finally:
+        engine.dispose()
+    return DEMO_ADMIN
+
+
+def build_services(args: argparse.Namespace, operator_token: str) -> list[Service]:
     py = sys.executable
     if args.engine == "vllm":
         real = real_engine_service(args.host, args.engine_port)
@@ -226,7 +249,7 @@ def build_services(args: argparse.Namespace, operator_token: str, passphrase: st
                               "--server.address", host, "--server.port", str(args.dashboard_port),
                               "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                 ready_url=f"http://{host}:{args.dashboard_port}/_stcore/health",
-                env={**common, "PREFIXOPS_OPERATOR_PASSPHRASE": passphrase}),
+                env=common),
         Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed),
                             *loadgen_args(args.scenario, args.speed)]),
     ]
@@ -317,8 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.data_dir.mkdir(parents=True, exist_ok=True)
     operator_token = os.environ.get("PREFIXOPS_OPERATOR_TOKEN") or secrets.token_urlsafe(24)
-    passphrase = os.environ.get("PREFIXOPS_OPERATOR_PASSPHRASE") or secrets.token_urlsafe(12)
-    services = build_services(args, operator_token, passphrase)
+    admin_password = secrets.token_urlsafe(12)
+    services = build_services(args, operator_token)
+    admin = ensure_admin_account(services[2].env["DATABASE_URL"], admin_password)
     stopping = False
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -345,7 +369,8 @@ PrefixOps is up.
   engine      http://{args.host}:{args.engine_port}   ({engine_label(args)})
   sidecar     http://{args.host}:{args.sidecar_port}  (/state, /sessions, /metrics are open)
   database    {services[2].env["DATABASE_URL"]}
-  sign in on the dashboard as any name with passphrase: {passphrase}
+  dashboard admin account: {admin}   password: {admin_password}
+    (more accounts: python -m dashboard accounts add NAME --role viewer|operator|admin)
   sidecar operator token (Authorization: Bearer ...):  {operator_token}
 {scenario_note(args)}Ctrl-C stops everything.
 """, flush=True)

@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str | None, list[str]]] = [
     ("collectors", "prefixops-collectors", ["status", "export-rules"]),
     ("simulator", "prefixops-sim", []),
     ("demo", None, []),
+    ("dashboard", None, []),
     ("realengine", None, []),
 ]
 

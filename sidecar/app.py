@@ -49,6 +49,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
             if error:
                 log.warning("%s", error)
             cp.set_pool(tokens, kind, error)
+            cp.set_context_length(await engine.context_length())
             await asyncio.sleep(settings.pool_refresh_s)
 
     async def tick_loop() -> None:
@@ -76,6 +77,7 @@ def create_app(settings: Settings, *, store: Store | None = None,
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             cp.persist(force=True)
+            cp.flush_turns()
             await engine.close()
             store.close()
 

@@ -51,11 +51,12 @@ from .control_views import Views
 from .openai_payload import checked_usage
 from .settings import Settings
 from .store import Store
+from .turns import TurnTracing
 from .waits import WaitStats
 
 log = logging.getLogger(__name__)
 
-class ControlPlane(Persistence, Views):
+class ControlPlane(Persistence, Views, TurnTracing):
     def __init__(self, settings: Settings, store: Store | None, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.store = store
@@ -88,14 +89,17 @@ class ControlPlane(Persistence, Views):
         self._persisted: dict[str, tuple[Any, ...]] = {}
         self._persisted_config: dict[str, Any] | None = None
         self.restored = False
+        self.context_length: int | None = None  # the engine's max_model_len, read with the pool size
         self.budgeter = self._restore_budgeter()
         self._restore_deferral()
         if settings.pool_tokens is not None:
             self.budgeter.set_pool(settings.pool_tokens)
+            self.cap_demand()
             self.pool_source = "flag"
         if store is not None:
             self.decision_counts = store.decision_counts()
         self._request_ids = itertools.count(1)
+        self._init_turns(store, settings.turns_retention_s)
         self.store_error: str | None = None
         self._store_failed_at = -math.inf
         self._usage_warned_at = -math.inf
@@ -107,7 +111,12 @@ class ControlPlane(Persistence, Views):
     # ------------------------------------------------------------ turn API
     def bound_turn(self, ticket: TurnTicket) -> None:
         """No single request's demand above the high band (issue 11 item 3): a prompt larger than the band
-        is refused (TurnRefused, 400), an output budget is clamped to the room left under the band."""
+        is refused (TurnRefused, 400); an output budget is clamped to the engine's context length and to
+        the room left under the band."""
+        budget = self.budgeter.config.default_output_budget if ticket.output_budget is None \
+            else ticket.output_budget
+        if self.context_length is not None and budget > self.context_length - ticket.prompt_estimate:
+            ticket.output_budget = budget = max(0, self.context_length - ticket.prompt_estimate)
         pool = self.budgeter.pool_tokens
         if pool is None:
             return
@@ -116,8 +125,6 @@ class ControlPlane(Persistence, Views):
             raise TurnRefused(400, "request_too_large",
                               f"the prompt (about {ticket.prompt_estimate} tokens) is larger than the high band "
                               f"({high} of the {pool}-token KV pool): it cannot be admitted", field="messages")
-        budget = self.budgeter.config.default_output_budget if ticket.output_budget is None \
-            else ticket.output_budget
         if budget > high - ticket.prompt_estimate:
             ticket.output_budget = high - ticket.prompt_estimate
 
@@ -126,21 +133,28 @@ class ControlPlane(Persistence, Views):
         ``"disconnected"``, ``"timeout"``; counted per endpoint)."""
         assert ticket.session_id is not None
         held_at: float | None = None
+        parked = False
         while True:
             if self.request_turn(ticket.session_id, ticket.prompt_estimate, ticket.output_budget) == "forward":
                 break
             if held_at is None:
                 held_at = self.clock()
+            parked = parked or ticket.session_id in self._parked_since
             outcome = await self.hold(ticket.session_id, disconnected)
             if outcome == "retry":
                 continue
             if outcome != "forward":
                 self.counters.request(ticket.path, f"held_{HELD_STATUS[outcome]}")
+                ticket.held_s = self.clock() - held_at
+                ticket.parked_s = ticket.held_s if parked else 0.0
+                self.trace_turn(ticket, None, None, None, None, f"held_{HELD_STATUS[outcome]}")
                 return outcome
             break
         if held_at is not None:
             now = self.clock()
             self.admission_waits.observe(now, now - held_at)
+            ticket.held_s = now - held_at
+            ticket.parked_s = ticket.held_s if parked else 0.0
         return "forward"
 
     def begin_turn(self, ticket: TurnTicket) -> None:
@@ -172,8 +186,9 @@ class ControlPlane(Persistence, Views):
             # A success without usage (an engine that reports none): the turn counts, its cache use is
             # unknown, and the prompt size is the estimate.
             prompt, cached, completion = ticket.prompt_estimate, None, completion or 0
-        self.turn_done(ticket.session_id, prompt, cached, completion, time.monotonic() - ticket.started, ok,
-                       ticket.subtree)
+        latency = time.monotonic() - ticket.started
+        self.turn_done(ticket.session_id, prompt, cached, completion, latency, ok, ticket.subtree)
+        self.trace_turn(ticket, prompt, cached, completion, latency, "ok" if ok else "error")
         if ticket.session_id is None:
             self.budgeter.remove_unsessioned(ticket.request_id)
             self.unsessioned_in_flight -= 1
@@ -359,6 +374,7 @@ class ControlPlane(Persistence, Views):
             self.deferral = None
             self._persist_deferral()
         self.persist()
+        self.flush_turns()
 
     # --------------------------------------------------------- operator
     def audit(self, actor: str, role: str, action: str, params: Any, before: Any, after: Any) -> int:

@@ -101,6 +101,9 @@ class TurnTicket:
     request_id: str = ""
     started: float = 0.0
     finished: bool = False
+    model: Any = None
+    held_s: float = 0.0  # admission to forwarding
+    parked_s: float = 0.0  # the hold, when its session was parked during it
 
 
 TurnRefused = Refused  # a turn the sidecar will not admit
@@ -134,6 +137,7 @@ class Persistence:
     engine_kind: str | None
     engine_error: str | None
     engine_error_at: float | None
+    context_length: int | None
     updated: dict[str, float]
     restored: bool
     budgeter: Budgeter
@@ -295,6 +299,7 @@ class Persistence:
             if tokens != self.budgeter.pool_tokens:
                 log.info("KV pool: %d tokens (%s)", tokens, kind)
             self.budgeter.set_pool(tokens)
+            self.cap_demand()
             self.pool_source = "engine"
             self.pool_error = None
             self.engine_kind = kind
@@ -304,6 +309,23 @@ class Persistence:
             else:
                 # Keep the last known pool: a missed scrape must not switch the budgeter off.
                 self.pool_error = f"{error} (keeping the last known pool size)"
+
+    def cap_demand(self) -> None:
+        """No session's demand above the high band or the engine's context length (budgets restored from
+        before the clamp included)."""
+        pool = self.budgeter.pool_tokens
+        limits = [n for n in (self.context_length,
+                              None if pool is None else int(self.budgeter.config.high * pool)) if n is not None]
+        if limits:
+            capped = self.budgeter.cap_demand(min(limits))
+            if capped:
+                log.warning("output budgets of %d sessions lowered to fit under %d tokens: %s", len(capped),
+                            min(limits), ", ".join(repr(c) for c in capped[:5]))
+
+    def set_context_length(self, tokens: int | None) -> None:
+        if tokens is not None and tokens != self.context_length:
+            self.context_length = tokens
+            self.cap_demand()
 
     def engine_failed(self, message: str) -> None:
         self.counters.engine_errors += 1

@@ -101,3 +101,14 @@ class EngineProxy:
 
     async def pool_tokens(self) -> tuple[int | None, str | None, str | None]:
         return await fetch_pool_tokens(self.client, self.base)
+
+    async def context_length(self) -> int | None:
+        """The engine's context length (the largest ``max_model_len`` in ``/v1/models``), None when unknown."""
+        try:
+            response = await self.client.get(self.base + "/v1/models", timeout=5.0)
+            models = response.json().get("data") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError, RecursionError):
+            return None
+        lengths = [m.get("max_model_len") for m in models or () if isinstance(m, dict)]
+        valid = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and 0 < n < 2**40]
+        return max(valid) if valid else None

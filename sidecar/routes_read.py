@@ -1,4 +1,4 @@
-"""Read routes: /healthz, /state, /sessions, /subtrees, /compaction/decisions, /audit, /metrics.
+"""Read routes: /healthz, /state, /sessions, /subtrees, /compaction/decisions, /audit, /turns, /metrics.
 
 No read advances the regime state machine: they show what the clock-driven tick last judged.
 """
@@ -16,7 +16,16 @@ from core.budgeter import UnknownSession
 
 from .context import Sidecar
 from .errors import ApiError, json_safe
-from .wire import AuditEntry, DecisionDoc, HealthDoc, SessionDoc, SessionDocState, SessionsPage, StateDoc
+from .wire import (
+    AuditEntry,
+    DecisionDoc,
+    HealthDoc,
+    SessionDoc,
+    SessionDocState,
+    SessionsPage,
+    StateDoc,
+    TurnsPage,
+)
 
 SessionIdPath = Annotated[str, Path(max_length=256, examples=["agent-1"])]
 
@@ -84,6 +93,14 @@ def router(sc: Sidecar) -> APIRouter:
     async def audit(after_id: Annotated[int, Query(ge=0)] = 0,
                     limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> JSONResponse:
         return JSONResponse(json_safe(store.audit(after_id, limit)))
+
+    @api.get("/turns", dependencies=viewer, response_model=TurnsPage,
+             summary='The turn trace: {"turns": [...], "next_after_id": N}, turns with id > after_id in id order')
+    async def turns(after_id: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> JSONResponse:
+        cp.flush_turns()  # what finished before this read is in the answer
+        return JSONResponse(json_safe(cp.turn_log.page(after_id, limit) if cp.turn_log is not None
+                                      else {"turns": [], "next_after_id": after_id}))
 
     @api.get("/metrics")
     async def metrics(request: Request) -> Response:

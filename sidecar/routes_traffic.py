@@ -97,7 +97,8 @@ def router(sc: Sidecar) -> APIRouter:
         ticket = TurnTicket(path=path, session_id=session_id, subtree=subtree_of(payload, headers.get("x-prefix-id")),
                             prompt_estimate=estimate_prompt_tokens(payload, settings.chars_per_token),
                             output_budget=output_budget(payload),
-                            end_session=end_value is not None and end_value.strip().lower() in TRUE_VALUES)
+                            end_session=end_value is not None and end_value.strip().lower() in TRUE_VALUES,
+                            model=payload.get("model"))
         try:
             cp.bound_turn(ticket)
             if session_id is not None:

@@ -72,6 +72,8 @@ class Settings:
     warmth_window_s: float = _f(_WARMTH.window_s, "--warmth-window", "seconds of hits that keep a subtree warm")
     warmth_floor: int = _f(_WARMTH.floor, "--warmth-floor", "hits in the warmth window that make a subtree warm")
     top_k_pinned: int = _f(_POLICY.top_k_pinned, "--top-k-pinned", "hottest subtrees kept under storage pressure")
+    turns_retention_s: float = _f(86400.0, "--turns-retention",
+                                  "seconds of turn trace (GET /turns) kept in the state store")
     max_body_bytes: int = _f(16 * 1024 * 1024, "--max-body-bytes", "largest proxied request body")
     control_body_bytes: int = 64 * 1024
     pool_refresh_s: float = _f(60.0, "--pool-refresh", "seconds between reads of the engine's pool size")
@@ -110,7 +112,7 @@ class Settings:
             raise SettingsError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
         positive = ("max_hold_s", "window_s", "idle_timeout_s", "warmth_window_s", "pool_refresh_s", "tick_s",
                     "persist_every_s", "engine_timeout_s", "engine_connect_timeout_s", "chars_per_token",
-                    "latency_limit_s", "read_timeout_s")
+                    "latency_limit_s", "read_timeout_s", "turns_retention_s")
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

@@ -17,6 +17,7 @@ Documents:
 - ``GET /sessions/{id}`` -> `SessionDoc`
 - ``GET /compaction/decisions`` -> ``list[DecisionDoc]``
 - ``GET /audit`` -> ``list[AuditEntry]``
+- ``GET /turns?after_id=N&limit=M`` -> `TurnsPage`: ``{"turns": [TurnDoc...], "next_after_id": N}``
 
 Readers tolerate fields they do not know (``extra="ignore"``), so the sidecar may add fields
 without breaking an older reader; the sidecar's tests check every field it sends is declared here.
@@ -256,6 +257,29 @@ class AuditEntry(Wire):
     after: Any = None
 
 
+class TurnDoc(Wire):
+    """One turn of the trace (sidecar/turns.py): token counts, waits and outcome, never prompt content."""
+
+    id: int
+    ts: float
+    session: str | None = None
+    subtree: str | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    held_s: float = 0.0
+    parked_s: float = 0.0
+    latency_s: float | None = None
+    outcome: str
+    model: str | None = None
+
+
+class TurnsPage(Wire):
+    turns: list[TurnDoc]
+    next_after_id: int
+    """Pass back as ``after_id`` for the next page (the last id returned, or ``after_id`` when empty)."""
+
+
 class HealthDoc(Wire):
     status: HealthStatus
     uptime_s: float
@@ -267,5 +291,6 @@ class HealthDoc(Wire):
 __all__ = [
     "AuditEntry", "BacklogDoc", "BudgeterDoc", "CompactionDecision", "CompactionStateDoc", "ControlMode",
     "DecisionDoc", "HealthDoc", "HealthStatus", "LastTurnsDoc", "Percentiles", "ReuseDoc", "SessionDoc",
-    "SessionDocState", "SessionState", "SessionsPage", "StateDoc", "StateSession", "TrafficDoc", "Wire",
+    "SessionDocState", "SessionState", "SessionsPage", "StateDoc", "StateSession", "TrafficDoc", "TurnDoc", "TurnsPage",
+    "Wire",
 ]

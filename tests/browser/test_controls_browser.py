@@ -9,6 +9,7 @@ defers a compaction request). Every page is screenshotted (live-*.png).
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from tests.support import PYTHON, REPO, free_port, running
 pytestmark = pytest.mark.browser
 
 TOKEN = "browser-operator-token"
-PASSPHRASE = "browser passphrase"
+PASSPHRASE = "browser passphrase"  # alice's password (an operator account made with the CLI)
 SESSIONS = ("agent-1", "agent-2", "agent-3")
 PAGES = ["Overview", "Engine", "Sessions", "Budgeter", "Compaction", "Alerts", "Audit"]
 
@@ -104,8 +105,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     name="collectors"):
         _drive_sessions(sidecar)
         _wait_for(lambda: set(SESSIONS) <= _sessions_in_db(database_url), "the collectors to record the sessions")
-        env = {"DATABASE_URL": database_url, "PREFIXOPS_CONFIG": str(config),
-               "PREFIXOPS_OPERATOR_PASSPHRASE": PASSPHRASE, "PREFIXOPS_REFRESH_SECONDS": "1"}
+        subprocess.run([PYTHON, "-m", "dashboard", "--database-url", database_url, "accounts", "add", "alice",
+                        "--role", "operator"], input=PASSPHRASE + "\n", text=True, check=True, timeout=60, cwd=REPO)
+        env = {"DATABASE_URL": database_url, "PREFIXOPS_CONFIG": str(config), "PREFIXOPS_REFRESH_SECONDS": "1"}
         cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(p_dash), "--server.headless", "true"]
         with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{p_dash}/_stcore/health",
                      expect_text="ok", env=env, timeout=60):
@@ -114,8 +116,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def _sign_in(page: Any, base: str) -> None:
     open_page(page, base + "/")
-    page.get_by_label("Your name").fill("alice")
-    page.get_by_label("Operator passphrase").fill(PASSPHRASE)
+    page.get_by_label("Account", exact=True).fill("alice")
+    page.get_by_label("Password", exact=True).fill(PASSPHRASE)
     page.get_by_role("button", name="Sign in", exact=True).click()
     page.get_by_text("Signed in as").wait_for(timeout=30_000)
 

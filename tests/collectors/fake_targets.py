@@ -185,6 +185,18 @@ class FakeEngine(_Server):
         return 200, "text/plain; version=0.0.4", text.encode()
 
 
+def session_doc(sid: str, state: str, context_tokens: int, **extra: Any) -> dict[str, Any]:
+    """A /sessions document with every field sidecar.wire.SessionDoc requires."""
+    now = time.time()
+    doc: dict[str, Any] = {"id": sid, "state": state, "context_tokens": context_tokens, "turns": 1, "manual": False,
+                           "pinned": False, "held": 0, "in_flight": 0, "demand_tokens": context_tokens,
+                           "output_budget": 1024, "last_cached_fraction": 0.5, "prompt_tokens": context_tokens,
+                           "cached_tokens": 0, "failed_turns": 0, "arrived_at": now, "last_activity": now,
+                           "updated_at": now}
+    doc.update(extra)
+    return doc
+
+
 class FakeSidecar(_Server):
     def __init__(self, port: int = 0, *, engine_url: str = "http://127.0.0.1:1", viewer_token: str | None = None) -> None:
         super().__init__(port)
@@ -195,10 +207,8 @@ class FakeSidecar(_Server):
         self.turns_step = 2
         self.state_overrides: dict[str, Any] = {}
         self.sessions: list[dict[str, Any]] = [
-            {"id": "s1", "state": "admitted", "context_tokens": 12000, "turns": 4, "manual": False, "pinned": False,
-             "last_cached_fraction": 0.9},
-            {"id": "s2", "state": "parked", "context_tokens": 30000, "turns": 9, "manual": True, "pinned": False,
-             "last_cached_fraction": 0.1},
+            session_doc("s1", "admitted", 12000, turns=4, last_cached_fraction=0.9),
+            session_doc("s2", "parked", 30000, turns=9, manual=True, last_cached_fraction=0.1),
         ]
         self.subtrees: list[dict[str, Any]] = [{"id": "sys-a", "recent_hits": 12, "warm": True,
                                                 "pinned_under_pressure": True, "last_seen": time.time()}]
@@ -213,9 +223,7 @@ class FakeSidecar(_Server):
     def set_sessions(self, n: int, *, state: str = "admitted", prefix: str = "agent") -> None:
         """Replace the sessions by `n` fresh ones (updated now)."""
         now = time.time()
-        self.sessions = [{"id": f"{prefix}-{i}", "state": state, "context_tokens": 1000 + i, "turns": 1,
-                          "manual": False, "pinned": False, "last_cached_fraction": 0.5, "updated_at": now}
-                         for i in range(n)]
+        self.sessions = [session_doc(f"{prefix}-{i}", state, 1000 + i, updated_at=now) for i in range(n)]
 
     def wipe(self) -> None:
         """The sidecar restarted with its state db deleted: empty logs whose ids start at 1 again."""
@@ -235,16 +243,24 @@ class FakeSidecar(_Server):
     def state(self) -> dict[str, Any]:
         self.turns_total += self.turns_step
         rt = 0.8 - self.divergence / 2
+        # Every field sidecar.wire.StateDoc requires (tests/collectors/test_sessions_incremental.py checks).
         doc: dict[str, Any] = {
-            "ts": time.time(), "started_at": self.started_at, "engine": self.engine_url,
+            "ts": time.time(), "started_at": self.started_at, "engine": self.engine_url, "read_only": False,
+            "restored": False,
             "reuse": {"token_weighted": rt, "request_weighted": rt + self.divergence, "divergence": self.divergence,
                       "regime": "thin-reuse" if self.divergence >= 0.5 else "normal", "window_s": 60.0,
-                      "low_cached_fraction": 0.25, "known_turns": 50},
+                      "low_cached_fraction": 0.25, "known_turns": 50, "regime_enter": 0.5, "regime_exit": 0.4,
+                      "regime_min_turns": 20},
+            "reuse_last_turns": {"n": 100},
             "budgeter": {"mode": "budgeter-park", "low": 0.75, "high": 0.95, "pool_tokens": 400000,
-                         "demand_tokens": 200000, "demand_fraction": 0.5},
-            "backlog": {"admitted": 5, "parked": 1, "waiting": 2, "total": 8},
-            "traffic": {"turns_total": self.turns_total},
-            "compaction": {"deferred_until": None},
+                         "demand_tokens": 200000, "demand_fraction": 0.5, "acting": False, "session_cap": 0,
+                         "latency_limit_s": 30.0, "default_output_budget": 1024, "park_set": 1},
+            "backlog": {"admitted": 5, "parked": 1, "waiting": 2, "total": 8, "held_requests": 0},
+            "traffic": {"turns_total": self.turns_total, "in_flight": 0, "unknown_turns_total": 0,
+                        "engine_errors_total": 0, "unsessioned_in_flight": 0, "unsessioned_requests_total": 0,
+                        "unsessioned_turns_in_window": 0},
+            "compaction": {"deferred_until": None, "granted_total": 0, "deferred_total": 0, "top_k_pinned": 8,
+                           "warmth_floor": 2, "warmth_window_s": 600.0},
             "warnings": [],
         }
         for dotted, value in self.state_overrides.items():

@@ -106,7 +106,7 @@ def test_gap_after_downtime_gives_no_averaged_rate():
 # ------------------------------------------------------------------ sidecar
 
 
-def sidecar_handler(state, *, sessions=None, status=200, token=None, decisions=(), audit=()):
+def sidecar_handler(state, *, sessions=None, status=200, token=None, decisions=(), audit=(), turns=()):
     def handler(request: httpx.Request) -> httpx.Response:
         if token and request.headers.get("Authorization") != f"Bearer {token}":
             return httpx.Response(401, json={"error": "viewer token required"})
@@ -114,11 +114,17 @@ def sidecar_handler(state, *, sessions=None, status=200, token=None, decisions=(
         after = int(request.url.params.get("after_id", "0"))
         body = {"/state": state, "/sessions": sessions if sessions is not None else [], "/subtrees": [],
                 "/compaction/decisions": [d for d in decisions if d["id"] > after],
-                "/audit": [a for a in audit if a["id"] > after]}[path]
+                "/audit": [a for a in audit if a["id"] > after],
+                "/turns": turns_page(turns, after, int(request.url.params.get("limit", "1000")))}[path]
         if isinstance(body, str):
             return httpx.Response(status, text=body)
         return httpx.Response(status, json=body)
     return handler
+
+
+def turns_page(turns, after: int, limit: int) -> dict:
+    page = [t for t in turns if t["id"] > after][:limit]
+    return {"turns": page, "next_after_id": page[-1]["id"] if page else after}
 
 
 def sidecar_scraper(clock=None, token=None) -> SidecarScraper:

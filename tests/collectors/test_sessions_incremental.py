@@ -92,6 +92,21 @@ def test_full_listing_marks_forgotten_sessions_and_old_sidecars_still_work(tmp_p
             rig.close()
 
 
+def test_the_fake_sidecar_speaks_the_wire_contracts():
+    """The fake stands in for the real sidecar only while its documents match sidecar/wire.py."""
+    from sidecar import wire
+
+    sidecar = FakeSidecar()
+    sidecar.add_audit("park")
+    sidecar.add_decision("granted")
+    wire.StateDoc.model_validate(sidecar.state())
+    for doc in sidecar.sessions:
+        wire.SessionDoc.model_validate(doc)
+    wire.SessionsPage.model_validate(sidecar.sessions_body({"limit": ["1"]}))
+    wire.AuditEntry.model_validate(sidecar.audit[0])
+    wire.DecisionDoc.model_validate(sidecar.decisions[0])
+
+
 def test_backlog_ages_are_signals(tmp_path):
     with FakeEngine() as engine, FakeSidecar() as sidecar:
         rig = Rig(f"sqlite:///{tmp_path / 'p.db'}", engine, sidecar)

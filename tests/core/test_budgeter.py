@@ -158,6 +158,15 @@ def test_failed_turn_leaves_context_unchanged():
     assert (s.context_tokens, s.turns, s.inflight_prompt) == (5_100, 1, 0)
 
 
+def test_cap_demand_lowers_output_budgets_only_and_keeps_totals_exact():
+    b = budgeter()
+    b.request_turn("a", 0.0, 5_000, 10**12)
+    b.request_turn("b", 0.0, 100, 50)
+    assert b.cap_demand(95_000) == ["a"]
+    assert b.session("a").output_budget == 90_000 and b.session("b").output_budget == 50
+    assert b.demand_tokens() == 95_000  # b waits: demand counts admitted sessions
+
+
 def test_failed_turn_takes_its_output_budget_out_of_demand():
     b = budgeter()
     b.request_turn("a", 0.0, 5_000, 10**12)

@@ -28,8 +28,9 @@ def app(page: str | None = None, **query: str) -> AppTest:
 
 
 def sign_in(at: AppTest, name: str = "alice", passphrase: str = PASSPHRASE) -> AppTest:
+    """Sign in with an account of the filled database (alice: operator, vera: viewer, ada: admin)."""
     at.sidebar.text_input(key="sign_in_name").input(name)
-    at.sidebar.text_input(key="sign_in_passphrase").input(passphrase)
+    at.sidebar.text_input(key="sign_in_password").input(passphrase)
     at.sidebar.button[0].click()  # the form's submit button
     at.run()
     assert not at.exception, at.exception

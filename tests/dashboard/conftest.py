@@ -13,7 +13,8 @@ from tests.dashboard.fill import fill_database
 from tests.support import REPO
 
 APP = str(REPO / "app.py")
-PASSPHRASE = "correct horse battery staple"
+PASSPHRASE = "correct horse battery staple"  # the password of every account below
+ACCOUNTS = {"alice": "operator", "vera": "viewer", "ada": "admin"}
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +24,10 @@ def filled_template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, flo
     path = tmp_path_factory.mktemp("filled") / "template.db"
     engine = make_engine(f"sqlite:///{path}")
     now = fill_database(engine, time.time())
+    from db.accounts import add_account
+
+    for name, role in ACCOUNTS.items():
+        add_account(engine, name, role, PASSPHRASE, actor="fixture", method="cli", now=now - 3600)
     with engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     engine.dispose()
@@ -37,7 +42,6 @@ def db_url(filled_template: tuple[Path, float], tmp_path: Path, monkeypatch: pyt
     shutil.copyfile(src, dst)
     url = f"sqlite:///{dst}"
     monkeypatch.setenv("DATABASE_URL", url)
-    monkeypatch.setenv("PREFIXOPS_OPERATOR_PASSPHRASE", PASSPHRASE)
     monkeypatch.setenv("PREFIXOPS_OPERATOR_TOKEN", "test-operator-token")
     # Freshness is judged against the fill time; keep it "fresh" however slow the machine is.
     monkeypatch.setenv("PREFIXOPS_STALE_SECONDS", "3600")
@@ -54,11 +58,8 @@ def fill_now(filled_template: tuple[Path, float]) -> float:
 
 @pytest.fixture(autouse=True)
 def _fresh_process_state() -> Iterator[None]:
-    """No test sees another's fake sidecar transport or sign-in failures (both live for the process)."""
+    """No test sees another's fake sidecar transport (it lives for the process)."""
     from dashboard import data
-    from dashboard.auth import _failures_by_name
 
-    _failures_by_name().clear()
     yield
     data.transport_override = None
-    _failures_by_name().clear()

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from dashboard import data
 from dashboard.actions import PENDING_KEY, Action
 from db import make_engine
-from db.models import Alert, AuditEntry, Silence
+from db.models import Account, Alert, AuditEntry, SecurityEvent, Silence
 from tests.dashboard.apptest import app, sign_in, texts
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -59,47 +59,70 @@ def test_signed_out_every_control_is_disabled_with_the_reason(db_url: str) -> No
     assert all(b.disabled for b in at.button if b.key and b.key.startswith("ack_"))
 
 
-def test_no_passphrase_configured_means_no_sign_in_and_says_why(db_url: str,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PREFIXOPS_OPERATOR_PASSPHRASE")
+def security_log(db_url: str) -> list[SecurityEvent]:
+    with make_engine(db_url).connect() as conn:
+        return list(conn.execute(select(SecurityEvent).order_by(SecurityEvent.id)).all())
+
+
+def test_no_accounts_yet_says_how_to_create_one(db_url: str) -> None:
+    with make_engine(db_url).begin() as conn:
+        conn.execute(delete(Account))
     at = app("sessions", engine="a")
-    assert "PREFIXOPS_OPERATOR_PASSPHRASE" in texts(at)
-    assert not at.sidebar.text_input
+    assert "python -m dashboard accounts add NAME --role admin" in texts(at)
     assert at.button(key="park_selected").disabled
 
 
-def test_wrong_passphrase_is_refused_and_audited(db_url: str) -> None:
-    at = sign_in(app(), passphrase="guess")
-    assert "Wrong passphrase" in texts(at)
-    assert "operator" not in at.session_state
-    rows = dashboard_audit(db_url)
-    assert rows[-1].action == "sign-in" and rows[-1].actor == "alice" and rows[-1].outcome.startswith("refused")
-    assert "guess" not in json.dumps([r.params for r in rows])
+def test_wrong_password_is_refused_and_goes_to_the_security_log_not_the_audit(db_url: str) -> None:
+    before = len(dashboard_audit(db_url))
+    at = sign_in(app(), passphrase="guess-guess-guess")
+    assert "Wrong account name or password" in texts(at)
+    assert "session_token" not in at.session_state
+    row = security_log(db_url)[-1]
+    assert (row.event, row.account, row.outcome, row.method) == ("sign-in", "alice", "wrong password", "password")
+    assert "guess" not in json.dumps([[r.detail, r.outcome] for r in security_log(db_url)])
+    at = sign_in(app(), name="nobody")
+    assert "Wrong account name or password" in texts(at)  # the same words: no hint that the name is unknown
+    assert security_log(db_url)[-1].outcome == "unknown account"
+    assert len(dashboard_audit(db_url)) == before
 
 
-def test_sign_in_with_name_and_passphrase_is_audited(db_url: str) -> None:
-    at = sign_in(app())
-    assert "Signed in as" in texts(at)
-    rows = dashboard_audit(db_url)
-    assert (rows[-1].action, rows[-1].actor, rows[-1].outcome) == ("sign-in", "alice", "ok")
+def test_sign_in_with_an_account_goes_to_the_security_log_and_acts_as_that_account(db_url: str) -> None:
+    before = len(dashboard_audit(db_url))
+    at = sign_in(app(), name=" Alice ")  # names compare case-insensitively
+    assert "Signed in as" in texts(at) and "alice" in texts(at) and "(operator)" in texts(at)
+    row = security_log(db_url)[-1]
+    assert (row.event, row.account, row.outcome) == ("sign-in", "alice", "ok")
+    assert len(dashboard_audit(db_url)) == before  # sign-ins are not control actions
     at.switch_page("pages/sessions.py").run()
-    assert not at.button(key="park_selected").disabled or not at.multiselect(key="sessions_selected").value
     assert not at.multiselect(key="sessions_selected").disabled
+    at.sidebar.button(key="sign_out").click().run()
+    assert security_log(db_url)[-1].event == "sign-out"
+    assert at.multiselect(key="sessions_selected").disabled
 
 
-def test_sign_in_locks_after_repeated_wrong_passphrases(db_url: str) -> None:
+def test_a_viewer_reads_but_cannot_act(db_url: str) -> None:
+    at = sign_in(app("sessions", engine="a"), name="vera")
+    assert "(viewer)" in texts(at)
+    assert at.button(key="park_selected").disabled
+    assert "viewer role: view only" in texts(at)
+    at.switch_page("pages/compaction.py").run()
+    assert at.button(key="defer_compaction").disabled
+
+
+def test_sign_in_locks_after_repeated_wrong_passwords(db_url: str) -> None:
     at = app()
     for _ in range(5):
-        sign_in(at, passphrase="wrong")
-    sign_in(at)  # the right passphrase, but locked
+        sign_in(at, passphrase="wrong-wrong-wrong")
+    sign_in(at)  # the right password, but locked
     assert "try again in" in texts(at)
-    assert "operator" not in at.session_state
+    assert "session_token" not in at.session_state
+    assert security_log(db_url)[-1].outcome == "locked"
 
 
 def test_name_with_header_breaking_characters_is_refused(db_url: str) -> None:
     at = sign_in(app(), name="eve\r\nX-Evil: 1")
-    assert "ASCII" in texts(at)
-    assert "operator" not in at.session_state
+    assert "Wrong account name or password" in texts(at)
+    assert "session_token" not in at.session_state
 
 
 def test_pending_action_cannot_be_confirmed_when_signed_out(db_url: str) -> None:
@@ -358,7 +381,7 @@ def test_oidc_sign_in_acts_only_for_the_allow_list(db_url: str, monkeypatch: pyt
 def test_lockout_for_a_name_survives_a_new_browser_session(db_url: str) -> None:
     first = app()
     for _ in range(5):
-        sign_in(first, name="mallory", passphrase="wrong")
-    second = sign_in(app(), name="mallory")  # a fresh session, the right passphrase
-    assert "Too many wrong passphrases for mallory" in texts(second)
-    assert "operator" not in second.session_state
+        sign_in(first, name="alice", passphrase="wrong-wrong-wrong")
+    second = sign_in(app(), name="alice")  # a fresh session, the right password
+    assert "Too many failed sign" in texts(second) and "try again in" in texts(second)
+    assert "session_token" not in second.session_state

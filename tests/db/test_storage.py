@@ -352,3 +352,41 @@ def test_upgrade_to_log_epochs_keeps_audit_and_decisions(db_url):
         conn.execute(AuditEntry.__table__.insert().values(source="sidecar", target_id=tid, epoch=1, remote_id=7,
                                                           ts=7.0, data={}))
     engine.dispose()
+
+
+def test_upgrade_to_turns_keeps_data_and_turns_are_stored_once_and_pruned_with_raw(db_url):
+    from db.models import Turn
+
+    engine = make_engine(db_url)
+    upgrade(engine, "0004")
+    with engine.begin() as conn:  # what a 0004-era collector had stored
+        conn.execute(text("INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
+                          "consecutive_failures, created_ts) VALUES ('http://sidecar:8100', 'sidecar', 'sidecar', "
+                          "'sidecar', '{}', true, 1.0, true, 0, 1.0)"))
+        tid = conn.execute(text("SELECT id FROM targets")).scalar()
+        conn.execute(text("INSERT INTO audit (source, target_id, epoch, remote_id, ts, actor, action, data) "
+                          "VALUES ('sidecar', :t, 0, 7, 5.0, 'op', 'park', '{}')"), {"t": tid})
+    upgrade(engine)
+    assert current_revision(engine) == head_revision()
+    assert {ix["name"] for ix in inspect(engine).get_indexes("turns")} >= {"ix_turns_ts", "ix_turns_session_id"}
+    s = Store(engine, clock=lambda: T0)
+    s.sync_targets(config())
+    with engine.begin() as conn:
+        assert conn.execute(select(AuditEntry.remote_id, AuditEntry.action)).all() == [(7, "park")]
+    t1 = {"remote_id": 1, "ts": T0 - 90_000, "session_id": "s1", "subtree_id": None, "prompt_tokens": 100,
+          "cached_tokens": 0, "completion_tokens": 5, "held_s": 0.0, "parked_s": 0.0, "latency_s": 0.1,
+          "outcome": "ok", "model": "m"}
+    t2 = dict(t1, remote_id=2, ts=T0 - 10)
+    o = sidecar_outcome(T0, [session("s1")])
+    s.write([ScrapeOutcome(**{**o.__dict__, "turns": [t1]})])
+    s.write([ScrapeOutcome(**{**o.__dict__, "ts": T0 + 1, "turns": [t1, t2]})])  # re-read after a restart: stored once
+    with engine.begin() as conn:
+        assert conn.execute(select(Turn.remote_id).order_by(Turn.remote_id)).scalars().all() == [1, 2]
+    assert s.cursors(SIDECAR_URL)["turns"].after_id == 2 and s.cursors(SIDECAR_URL)["turns"].key == "ok"
+    with engine.begin() as conn:  # pretend everything is rolled up, so the raw tier can be pruned
+        from db.queries import ROLLUP_WATERMARK_KEY
+        s._set_state(conn, ROLLUP_WATERMARK_KEY, T0)
+    s.retention(24 * 3600.0, 30 * 86400.0, now=T0)
+    with engine.begin() as conn:
+        assert conn.execute(select(Turn.remote_id)).scalars().all() == [2]
+    engine.dispose()

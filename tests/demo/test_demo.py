@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -40,12 +41,18 @@ def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
     ports = {name: free_port() for name in ("engine", "sidecar", "dashboard")}
     cmd = [PYTHON, "-m", "demo", "--engine-port", str(ports["engine"]), "--sidecar-port", str(ports["sidecar"]),
            "--dashboard-port", str(ports["dashboard"]), "--data-dir", str(tmp_path), "--speed", "8"]
-    env = {"PREFIXOPS_OPERATOR_TOKEN": "", "PREFIXOPS_OPERATOR_PASSPHRASE": ""}
+    env = {"PREFIXOPS_OPERATOR_TOKEN": ""}
     with running(cmd, name="demo", env=env) as proc:
         wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up")
         banner = read_log(proc)
         assert f"http://127.0.0.1:{ports['dashboard']}" in banner
-        assert "passphrase:" in banner and "operator token" in banner
+        assert "operator token" in banner
+        found = re.search(r"dashboard admin account: (\S+)\s+password: (\S+)", banner)
+        assert found, banner
+        from db import accounts, make_engine
+
+        signed = accounts.sign_in(make_engine(f"sqlite:///{tmp_path / 'prefixops.db'}"), found[1], found[2])
+        assert signed.identity == accounts.Identity("admin", "admin"), signed.message
         up_at = time.monotonic()
         sidecar = f"http://127.0.0.1:{ports['sidecar']}"
 
@@ -81,7 +88,7 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
     cmd = [PYTHON, "-m", "demo", "--scenario", "collapse", "--engine-port", str(ports["engine"]),
            "--sidecar-port", str(ports["sidecar"]), "--dashboard-port", str(ports["dashboard"]),
            "--data-dir", str(tmp_path), "--speed", "10"]
-    env = {"PREFIXOPS_OPERATOR_TOKEN": token, "PREFIXOPS_OPERATOR_PASSPHRASE": "collapse-demo-pass"}
+    env = {"PREFIXOPS_OPERATOR_TOKEN": token}
     sidecar = f"http://127.0.0.1:{ports['sidecar']}"
     auth = {"Authorization": f"Bearer {token}", "X-Actor": "test-operator"}
     with running(cmd, name="demo-collapse", env=env) as proc:

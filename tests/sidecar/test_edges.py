@@ -37,16 +37,24 @@ def shaped(r: httpx.Response, status: int, kind: str) -> dict[str, Any]:
 
 
 async def test_a_huge_max_tokens_does_not_freeze_admission(tmp_path: Path) -> None:
-    async with sidecar(tmp_path, pool_tokens=100_000) as h:
+    async with sidecar(tmp_path) as h:  # the stub: a 400,000-token pool, max_model_len 131,072
+        for _ in range(200):
+            if h.cp.context_length is not None:
+                break
+            await anyio.sleep(0.01)
+        assert h.cp.context_length == 131_072
         # the engine refuses it (as vLLM does above its context length): the failed turn's budget leaves demand
         r = await h.chat("hog", max_tokens=10**12, headers={"x-stub-status": "400"})
         assert r.status_code == 400
         assert h.cp.budgeter.session("hog").output_budget == 0 and h.cp.budgeter.demand_tokens() == 0
         with anyio.fail_after(5):  # before the fix: every new session held for --max-hold, then 503
             assert (await h.chat("next", max_tokens=16)).status_code == 200
-        # the engine serves it: its demand was clamped under the high band, so it never exceeds the pool
+        # the engine serves it: its budget was clamped to the context length, so others are still admitted
         assert (await h.chat("hog2", max_tokens=10**12)).status_code == 200
-        assert h.cp.budgeter.session("hog2").demand_tokens <= 100_000
+        hog2 = h.cp.budgeter.session("hog2")
+        assert hog2.demand_tokens <= 131_072 + hog2.context_tokens < 0.75 * 400_000  # the estimate vs the real prompt
+        with anyio.fail_after(5):
+            assert (await h.chat("after", max_tokens=16)).status_code == 200
 
 
 async def test_a_prompt_larger_than_the_high_band_is_refused_with_a_clear_4xx(tmp_path: Path) -> None:
@@ -367,3 +375,22 @@ def test_a_slow_body_is_cut_by_the_server(tmp_path: Path) -> None:
             data = b""
         assert data == b"" and time.monotonic() - started < 8
         s.close()
+
+
+async def test_a_huge_budget_saved_before_the_clamp_is_capped_after_a_restart(tmp_path: Path) -> None:
+    from tests.stubs.stub_engine import StubEngine
+
+    # a sidecar that knew neither the pool nor the context length stored a 10^12-token output budget
+    async with sidecar(tmp_path, engine=StubEngine(metrics=False)) as h:
+        h.cp.context_length = None
+        assert h.cp.budgeter.pool_tokens is None
+        assert (await h.chat("hog", max_tokens=10**12)).status_code == 200
+        assert h.cp.budgeter.session("hog").output_budget == 10**12
+    async with sidecar(tmp_path) as h:  # same state db; the engine says pool 400,000, context 131,072
+        for _ in range(200):
+            if h.cp.context_length is not None:
+                break
+            await anyio.sleep(0.01)
+        assert h.cp.restored and h.cp.budgeter.session("hog").demand_tokens <= 131_072
+        with anyio.fail_after(5):
+            assert (await h.chat("next", max_tokens=16)).status_code == 200
