@@ -25,7 +25,7 @@ pytestmark = pytest.mark.browser
 
 def serve(path: Path) -> Iterator[str]:
     port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_OPERATOR_PASSPHRASE": "browser-test",
+    env = {"DATABASE_URL": f"sqlite:///{path}",
            "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
            "PREFIXOPS_REFRESH_SECONDS": "5"}
     cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
