@@ -101,7 +101,8 @@ def status_main(argv: list[str]) -> int:
 def run_main(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     _setup_logging(args.log_level)
-    from collectors.service import Collector, config_from_args
+    from collectors.config import config_from_args
+    from collectors.service import Collector
     from db import database_url, make_engine
     from db.migrate import upgrade
 

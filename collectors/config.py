@@ -320,3 +320,17 @@ class ConfigWatcher:
             return None
         self._stamp = stamp
         return load_config(self.path)
+
+
+def config_from_args(config_path: str | None, engines: list[str], sidecars: list[str],
+                     interval_s: float | None = None) -> CollectorConfig:
+    """The command line's configuration: the file (if any), its --engine/--sidecar targets, --interval."""
+    config = load_config(config_path) if config_path else CollectorConfig()
+    config = config.with_cli_targets(engines, sidecars)
+    if interval_s is not None:
+        from dataclasses import replace
+
+        if interval_s <= 0:
+            raise ConfigError(f"--interval must be positive, got {interval_s}")
+        config = replace(config, interval_s=interval_s)
+    return config

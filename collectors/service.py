@@ -34,7 +34,7 @@ from sqlalchemy import Engine
 
 from collectors import notify
 from collectors.alertmanager import AlertmanagerSender
-from collectors.config import CollectorConfig, ConfigError, ConfigWatcher, load_config
+from collectors.config import CollectorConfig, ConfigError, ConfigWatcher
 from collectors.failures import FailureLog, describe_failure
 from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
@@ -484,15 +484,3 @@ class Collector:
         self.store.rollup()
         self.client.close()
 
-
-def config_from_args(config_path: str | None, engines: list[str], sidecars: list[str],
-                     interval_s: float | None = None) -> CollectorConfig:
-    config = load_config(config_path) if config_path else CollectorConfig()
-    config = config.with_cli_targets(engines, sidecars)
-    if interval_s is not None:
-        from dataclasses import replace
-
-        if interval_s <= 0:
-            raise ConfigError(f"--interval must be positive, got {interval_s}")
-        config = replace(config, interval_s=interval_s)
-    return config

@@ -8,9 +8,10 @@ model) and writes ``fit.json``:
   least squares of ``t = T0 + alpha*n + beta*n^2/2`` (the simulator's
   attention-aware prefill of a chunk starting at 0, simulator/config.py
   ``CostModel``);
-* **decode step** against batch: ``B`` concurrent requests of a fixed context
-  answered with 72 and then with 8 tokens (``ignore_eos``); the difference of
-  the two times over 64 steps, for several ``B``; least squares of ``step = T0 + gamma * sum(ctx)`` (``T0`` is the
+* **decode step** against batch and context: ``B`` concurrent requests of
+  context ``C`` (cached first) answered with 8 and then with 72 tokens
+  (``ignore_eos``); the difference of the two times over 64 steps, for
+  ``(B, C)`` in 1-8 x 1K-4K; least squares of ``step = T0 + gamma * sum(ctx)`` (``T0`` is the
   intercept here: the per-step overhead);
 * **pool**: ``vllm:cache_config_info`` (``kv_cache_size_tokens``,
   ``block_size``) from the engine's /metrics.
@@ -123,11 +124,13 @@ class Prober:
         return time.perf_counter() - t0
 
     async def decode(self, client: httpx.AsyncClient, batch: int, ctx: int, short: int, long: int) -> dict[str, float]:
-        """Step time at ``batch``: B requests at once, answered with ``long`` then ``short`` tokens (fresh prompts
-        both times); the difference of the slowest answers over ``long - short`` steps cancels their prefill."""
+        """Step time at ``batch`` x ``ctx``: the same B prompts (cached first, so both runs only hit) answered
+        with ``short`` then ``long`` tokens at once; the difference of the slowest answers over
+        ``long - short`` decode steps."""
+        prompts = [self.prompt(ctx) for _ in range(batch)]
+        await asyncio.gather(*[self.complete(client, p, 1) for p in prompts])
         times = {}
-        for tokens in (long, short):
-            prompts = [self.prompt(ctx) for _ in range(batch)]
+        for tokens in (short, long):
             times[tokens] = max(await asyncio.gather(*[self.complete(client, p, tokens) for p in prompts]))
         return {"batch": batch, "ctx": ctx + 10 + (long + short) // 2,
                 "step_s": max(0.0, (times[long] - times[short]) / (long - short))}
@@ -145,8 +148,8 @@ async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
             runs = [await p.prefill(client, n) for _ in range(3)]
             prefills.append(sorted(runs, key=lambda r: r["seconds"])[1])
         decodes = []
-        for batch in (1, 2, 4, 8):
-            decodes.append(await p.decode(client, batch, 1024, 8, 72))
+        for batch, ctx in ((1, 1024), (4, 1024), (8, 1024), (1, 4096), (4, 4096)):
+            decodes.append(await p.decode(client, batch, ctx, 8, 72))
     return {"metrics": metrics, "prefills": prefills, "decodes": decodes, "model": p.model}
 
 

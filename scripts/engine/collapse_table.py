@@ -18,19 +18,19 @@ def fmt(v: object) -> str:
 def main(root: Path) -> int:
     runs = [json.loads(p.read_text()) for p in sorted(root.glob("**/run.json"))]
     runs.sort(key=lambda r: (r["seed"], r["scenario"] != "agent-steady", r["control"] != "off"))
-    print("| seed | scenario | control | collapsed | recovered | min to recover | R_t before / during / after "
-          "| turns/s before / during / after | preemptions | sessions at end | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| seed | scenario | control | collapsed (min 3) | degraded at minutes | degraded at end | recovered "
+          "| min to recover | R_t before / during / after | turns/s before / during / after | engine preemptions "
+          "| sessions at end |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         s = r["summary"]
         ph = s.get("phases", {})
         rt = " / ".join(fmt(ph.get(k, {}).get("token_weighted")) for k in ("before", "during", "after"))
         tps = " / ".join(fmt(ph.get(k, {}).get("turns_per_s")) for k in ("before", "during", "after"))
-        degraded_all = s["degraded_at"]
-        print(f"| {r['seed']} | {r['scenario']} | {r['control']} | {s['collapsed']} | {s['recovered']} | "
-              f"{fmt(s['minutes_to_recover'])} | {rt} | {tps} | {fmt(s['preemptions'])} | "
-              f"{fmt(s['end_sessions_in_system'])} | {fmt(s['wall_s'])} |"
-              + ("" if not degraded_all else f" <!-- degraded at minutes {degraded_all} -->"))
+        degraded = ", ".join(str(m) for m in s["degraded_at"]) or "none"
+        print(f"| {r['seed']} | {r['scenario']} | {r['control']} | {s['collapsed']} | {degraded} | "
+              f"{s['degraded_at_end']} | {s['recovered']} | {fmt(s['minutes_to_recover'])} | {rt} | {tps} | "
+              f"{fmt(s['preemptions'])} | {int(s['end_sessions_in_system'])} |")
     return 0
 
 
