@@ -1,0 +1,171 @@
+"""The Budgeter page's "Preview the next N minutes": the forecast (issue 16 item 3) as a background job.
+
+Reads what the collectors stored of the engine (its sidecar's sessions and turn
+trace, the engine's latency signals, the pool in the sidecar's state) and,
+where ``PREFIXOPS_FIT`` names a ``simulator fit`` file *of this engine* (its
+``engine`` URL is the engine's), the fitted cost model; builds the inputs with
+``simulator.forecast`` and runs ``simulator.forecast_run`` under the current
+and the proposed budgeter config in a thread started from the page. An
+``st.fragment`` polls the job every second and shows its progress, then the two
+runs side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+import streamlit as st
+
+from core.budgeter import BudgeterConfig
+from dashboard import data
+from dashboard.frames import EngineRef
+from dashboard.ui import escape_md
+from db import models
+from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
+from simulator.forecast_run import run_forecast
+
+LATENCY_SIGNALS = ("itl_p50", "requests_running", "prompt_len_p50", "ttft_p50", "queue_time_p50",
+                   "engine_hit_ratio")
+ROWS = (("R_t (whole run)", "r_t"), ("R_t (last 5 min)", "r_t_last_5min"), ("turns/s", "turns_per_s"),
+        ("p95 turn latency (s)", "p95_turn_latency_s"), ("parked sessions (mean)", "parked_mean"),
+        ("parked sessions (end)", "parked_end"), ("parked sessions (max)", "parked_max"),
+        ("time parked (session-minutes)", "parked_session_minutes"), ("waiting (end)", "waiting_end"),
+        ("new sessions", "sessions_arrived"))
+
+
+@dataclass
+class Job:
+    inputs: ForecastInputs
+    configs: tuple[BudgeterConfig, BudgeterConfig]
+    minutes: float
+    seed: int = 0
+    progress: float = 0.0
+    results: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+
+    def start(self) -> Job:
+        threading.Thread(target=self._run, name="forecast", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for i, cfg in enumerate(self.configs):
+                self.results.append(run_forecast(self.inputs, cfg, self.minutes, self.seed,
+                                                 progress=lambda p, i=i: setattr(self, "progress", (i + p) / 2)))
+        except Exception as exc:  # shown on the page; the thread must not die silently
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.finished = time.time()
+
+
+def turn_rows(url: str, sidecar_id: int, since: float) -> list[dict[str, Any]]:
+    t = models.Turn.__table__
+    cols = [t.c.remote_id.label("id"), t.c.ts, t.c.session_id.label("session"), t.c.prompt_tokens,
+            t.c.cached_tokens, t.c.completion_tokens, t.c.held_s, t.c.latency_s, t.c.outcome]
+    query = sa.select(*cols).where(t.c.target_id == sidecar_id, t.c.ts >= since)
+    return data._read(url, lambda conn: [dict(r._mapping) for r in conn.execute(query)])
+
+
+def latency_samples(url: str, engine_id: int | None, start: float, end: float) -> list[dict[str, Any]]:
+    if engine_id is None:
+        return []
+    frame = data.series(url, (engine_id,), LATENCY_SIGNALS, start, end)
+    if frame.empty:
+        return []
+    wide = frame.pivot_table(index=["ts", "engine_label"], columns="signal", values="value", aggfunc="last")
+    return [{k: v for k, v in row.items() if pd.notna(v)} for row in wide.to_dict("records")]
+
+
+def fit_of(engine_url: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The fit file's ``set`` when ``PREFIXOPS_FIT`` names one of this engine; and a note on it."""
+    path = os.environ.get("PREFIXOPS_FIT")
+    if not path:
+        return None, "no fit file (PREFIXOPS_FIT unset)"
+    try:
+        doc = json.loads(Path(path).read_text())
+        values, engine = doc["set"], str(doc.get("engine") or "")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"PREFIXOPS_FIT={path} is not a `simulator fit` file ({exc})"
+    if not engine_url or engine.rstrip("/") != engine_url.rstrip("/"):
+        return None, f"the fit file {path} is of {engine or 'an unnamed engine'}, not {engine_url}"
+    return values, f"fit file {path}"
+
+
+def start(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
+          proposed: BudgeterConfig, minutes: float, now: float) -> tuple[Job | None, str]:
+    fit, note = fit_of(ref.engine_url)
+    try:
+        inputs = forecast_inputs(
+            pool_tokens=state.get("pool_tokens"), session_rows=sessions.to_dict("records"),
+            turn_rows=turn_rows(url, ref.sidecar_target_id, now - 2 * WINDOW_S) if ref.sidecar_target_id else [],
+            latency_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now), fit=fit,
+            current=current, now=now)
+    except (ForecastError, data.DatabaseUnavailable) as exc:
+        return None, str(exc)
+    return Job(inputs, (current, proposed), minutes).start(), note
+
+
+def _label(cfg: BudgeterConfig) -> str:
+    return f"{cfg.mode} {cfg.low:.2f}-{cfg.high:.2f}"
+
+
+def section(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
+            proposed: BudgeterConfig | None, now: float) -> None:
+    st.subheader("Preview the next N minutes")
+    key = f"forecast_job_{ref.key}"
+    cols = st.columns([1, 3])
+    minutes = cols[0].number_input("Minutes", min_value=5, max_value=360, value=30, step=5, key="forecast_minutes")
+    cols[1].caption("Runs the engine's sessions as of now, and new ones drawn from the last 30 minutes of turns, "
+                    "through the simulator under the current and the proposed mode and bands. The simulator knows "
+                    "only what the collectors know of this engine: its pool and its cost model.")
+    if cols[0].button("Run forecast", key="forecast_run", disabled=proposed is None):
+        assert proposed is not None
+        job, note = start(url, ref, state, sessions, current, proposed, float(minutes), now)
+        if job is None:
+            st.warning(escape_md(f"No forecast: {note}"))
+        st.session_state[key] = job
+        st.session_state[key + "_note"] = note
+    job = st.session_state.get(key)
+    running = isinstance(job, Job) and job.finished is None
+
+    @st.fragment(run_every=1.0 if running else None)
+    def show() -> None:
+        job = st.session_state.get(key)
+        if not isinstance(job, Job):
+            return
+        if job.finished is None:
+            st.progress(min(1.0, job.progress), text=f"Forecasting {job.minutes:g} minutes… {job.progress:.0%}")
+            return
+        if job.error:
+            st.error(escape_md(f"The forecast failed: {job.error}"))
+            return
+        sh = job.inputs.shapes
+        st.caption(escape_md(
+            f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
+            f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
+            f"{job.inputs.engine.pool_tokens} tokens; cost model from {job.inputs.cost_source} "
+            f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."))
+        a, b = (r["summary"] for r in job.results)
+        table = pd.DataFrame({"": [name for name, _ in ROWS],
+                              f"current: {_label(job.configs[0])}": [a.get(k) for _, k in ROWS],
+                              f"proposed: {_label(job.configs[1])}": [b.get(k) for _, k in ROWS]})
+        st.dataframe(table.astype(str), hide_index=True, key="forecast_table")
+        per_min = {}
+        for name, r in zip(("current", "proposed"), job.results, strict=True):
+            s = r["series"]
+            n = len(s["prompt_tokens"]) // 60
+            per_min[name] = [sum(s["cached_tokens"][m * 60:(m + 1) * 60]) / p if (
+                p := sum(s["prompt_tokens"][m * 60:(m + 1) * 60])) else None for m in range(n)]
+        st.line_chart(pd.DataFrame(per_min, index=pd.RangeIndex(1, len(per_min["current"]) + 1, name="minute")),
+                      y_label="R_t per minute")
+
+    show()
