@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, engine_view
+from dashboard import charts, data, engine_view, misses
 from dashboard import frames as q
 from dashboard import risk as risk_view
 from dashboard.settings import Settings
@@ -89,6 +89,8 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         st.plotly_chart(figures["cost"], key="engine_cost", width="stretch")
         st.caption(f"Cached prompt tokens priced at {settings.cached_token_price:g} of an uncached token "
                    "(PREFIXOPS_CACHED_TOKEN_PRICE).")
+    st.subheader("Why prompt tokens were missed")
+    misses.engine_panel(url, ref, w.start, w.end)
     st.subheader("Serving (the vLLM dashboard's panels)")
     cols = st.columns(2)
     for i, name in enumerate(engine_view.SERVING_PANELS):
