@@ -1,4 +1,4 @@
-"""Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports.
+"""Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports; ``export-incident`` writes an incident bundle (collectors/incident.py).
 
     python -m collectors [--config FILE] [--engine [NAME=]URL]... [--sidecar [NAME=]URL]... [--database-url URL]
                          [--once] [--interval S] [--log-level LEVEL]
@@ -140,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from collectors.prom_export import main as export_main
 
         return export_main(argv[1:])
+    if argv and argv[0] == "export-incident":
+        from collectors.incident import main as incident_main
+
+        return incident_main(argv[1:])
     if argv and argv[0] == "status":
         try:
             return status_main(argv[1:])
