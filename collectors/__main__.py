@@ -1,4 +1,5 @@
-"""Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports; ``export-incident`` writes an incident bundle (collectors/incident.py).
+"""Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports;
+``python -m collectors export-incident`` writes an incident bundle (collectors/incident.py).
 
     python -m collectors [--config FILE] [--engine [NAME=]URL]... [--sidecar [NAME=]URL]... [--database-url URL]
                          [--once] [--interval S] [--log-level LEVEL]
