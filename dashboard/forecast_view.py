@@ -13,7 +13,6 @@ runs side by side.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import sqlalchemy as sa
 import streamlit as st
 
 from core.budgeter import BudgeterConfig
 from dashboard import data
 from dashboard.frames import EngineRef
+from dashboard.settings import Settings
 from dashboard.ui import escape_md
-from db import models
+from db.queries.turns import turns as stored_turns
 from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_run import run_forecast
 
@@ -68,11 +67,9 @@ class Job:
 
 
 def turn_rows(url: str, sidecar_id: int, since: float) -> list[dict[str, Any]]:
-    t = models.Turn.__table__
-    cols = [t.c.remote_id.label("id"), t.c.ts, t.c.session_id.label("session"), t.c.prompt_tokens,
-            t.c.cached_tokens, t.c.completion_tokens, t.c.held_s, t.c.latency_s, t.c.outcome]
-    query = sa.select(*cols).where(t.c.target_id == sidecar_id, t.c.ts >= since)
-    return data._read(url, lambda conn: [dict(r._mapping) for r in conn.execute(query)])
+    """The sidecar's stored turns since ``since`` (``db.queries.turns``), keyed as `simulator.forecast` reads them."""
+    found = data._read(url, stored_turns, target_id=sidecar_id, start_ts=since)
+    return [{**r, "id": r["remote_id"], "session": r["session_id"]} for r in found]
 
 
 def latency_samples(url: str, engine_id: int | None, start: float, end: float) -> list[dict[str, Any]]:
@@ -85,9 +82,8 @@ def latency_samples(url: str, engine_id: int | None, start: float, end: float) -
     return [{k: v for k, v in row.items() if pd.notna(v)} for row in wide.to_dict("records")]
 
 
-def fit_of(engine_url: str | None) -> tuple[dict[str, Any] | None, str]:
-    """The fit file's ``set`` when ``PREFIXOPS_FIT`` names one of this engine; and a note on it."""
-    path = os.environ.get("PREFIXOPS_FIT")
+def fit_of(path: str | None, engine_url: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The fit file's ``set`` when ``path`` (``PREFIXOPS_FIT``) is one of this engine; and a note on it."""
     if not path:
         return None, "no fit file (PREFIXOPS_FIT unset)"
     try:
@@ -100,9 +96,10 @@ def fit_of(engine_url: str | None) -> tuple[dict[str, Any] | None, str]:
     return values, f"fit file {path}"
 
 
-def start(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
+def start(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
           proposed: BudgeterConfig, minutes: float, now: float) -> tuple[Job | None, str]:
-    fit, note = fit_of(ref.engine_url)
+    url = settings.database_url
+    fit, note = fit_of(settings.fit_path, ref.engine_url)
     try:
         inputs = forecast_inputs(
             pool_tokens=state.get("pool_tokens"), session_rows=sessions.to_dict("records"),
@@ -114,11 +111,15 @@ def start(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFram
     return Job(inputs, (current, proposed), minutes).start(), note
 
 
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def _label(cfg: BudgeterConfig) -> str:
     return f"{cfg.mode} {cfg.low:.2f}-{cfg.high:.2f}"
 
 
-def section(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
+def section(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
             proposed: BudgeterConfig | None, now: float) -> None:
     st.subheader("Preview the next N minutes")
     key = f"forecast_job_{ref.key}"
@@ -129,7 +130,7 @@ def section(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFr
                     "only what the collectors know of this engine: its pool and its cost model.")
     if cols[0].button("Run forecast", key="forecast_run", disabled=proposed is None):
         assert proposed is not None
-        job, note = start(url, ref, state, sessions, current, proposed, float(minutes), now)
+        job, note = start(settings, ref, state, sessions, current, proposed, float(minutes), now)
         if job is None:
             st.warning(escape_md(f"No forecast: {note}"))
         st.session_state[key] = job
@@ -156,9 +157,9 @@ def section(url: str, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFr
             f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."))
         a, b = (r["summary"] for r in job.results)
         table = pd.DataFrame({"": [name for name, _ in ROWS],
-                              f"current: {_label(job.configs[0])}": [a.get(k) for _, k in ROWS],
-                              f"proposed: {_label(job.configs[1])}": [b.get(k) for _, k in ROWS]})
-        st.dataframe(table.astype(str), hide_index=True, key="forecast_table")
+                              f"current: {_label(job.configs[0])}": [_fmt(a.get(k)) for _, k in ROWS],
+                              f"proposed: {_label(job.configs[1])}": [_fmt(b.get(k)) for _, k in ROWS]})
+        st.dataframe(table, hide_index=True, key="forecast_table")
         per_min = {}
         for name, r in zip(("current", "proposed"), job.results, strict=True):
             s = r["series"]

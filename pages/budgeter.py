@@ -98,7 +98,7 @@ else:
         if mode == "latency-park":
             st.caption("latency-park judges recent turn latencies, which the preview does not have: it parks nobody.")
 
-forecast_view.section(url, ref, state, sessions, current, proposed, now)
+forecast_view.section(settings, ref, state, sessions, current, proposed, now)
 
 changed = proposed is not None and (proposed.mode, proposed.low, proposed.high) != (current.mode, current.low,
                                                                                      current.high)

@@ -6,8 +6,17 @@ import pytest
 
 from core.budgeter import BudgeterConfig
 from simulator.config import CostModel
-from simulator.forecast import (BLOCK_SIZE, ForecastError, Shapes, StartSession, cost_from_fit,
-                                cost_from_latencies, forecast_inputs, shapes_from_turns, start_sessions)
+from simulator.forecast import (
+    BLOCK_SIZE,
+    ForecastError,
+    Shapes,
+    StartSession,
+    cost_from_fit,
+    cost_from_latencies,
+    forecast_inputs,
+    shapes_from_turns,
+    start_sessions,
+)
 from simulator.forecast_run import run_forecast
 
 NOW = 10_000.0
