@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import sqlalchemy as sa
 import streamlit as st
 
 from core.budgeter import BudgeterConfig
@@ -28,7 +27,7 @@ from dashboard import data
 from dashboard.frames import EngineRef
 from dashboard.settings import Settings
 from dashboard.ui import escape_md
-from db import models
+from db.queries.turns import turns as stored_turns
 from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_run import run_forecast
 
@@ -68,11 +67,9 @@ class Job:
 
 
 def turn_rows(url: str, sidecar_id: int, since: float) -> list[dict[str, Any]]:
-    t = models.Turn.__table__
-    cols = [t.c.remote_id.label("id"), t.c.ts, t.c.session_id.label("session"), t.c.prompt_tokens,
-            t.c.cached_tokens, t.c.completion_tokens, t.c.held_s, t.c.latency_s, t.c.outcome]
-    query = sa.select(*cols).where(t.c.target_id == sidecar_id, t.c.ts >= since)
-    return data._read(url, lambda conn: [dict(r._mapping) for r in conn.execute(query)])
+    """The sidecar's stored turns since ``since`` (``db.queries.turns``), keyed as `simulator.forecast` reads them."""
+    found = data._read(url, stored_turns, target_id=sidecar_id, start_ts=since)
+    return [{**r, "id": r["remote_id"], "session": r["session_id"]} for r in found]
 
 
 def latency_samples(url: str, engine_id: int | None, start: float, end: float) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with engine.begin() as conn:
         side = conn.execute(select(models.Target.id).where(models.Target.name == "a-sidecar")).scalar_one()
         conn.execute(insert(models.Turn), [
-            {"target_id": side, "remote_id": t["id"], "ts": t["ts"], "session_id": t["session"],
+            {"target_id": side, "remote_id": 1_000_000 + t["id"], "ts": t["ts"], "session_id": t["session"],
              "prompt_tokens": t["prompt_tokens"], "cached_tokens": t["cached_tokens"],
              "completion_tokens": t["completion_tokens"], "held_s": t["held_s"], "parked_s": 0.0,
              "latency_s": t["latency_s"], "outcome": t["outcome"]} for t in turns])
