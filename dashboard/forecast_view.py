@@ -146,6 +146,8 @@ def section(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions:
         if job.finished is None:
             st.progress(min(1.0, job.progress), text=f"Forecasting {job.minutes:g} minutes… {job.progress:.0%}")
             return
+        if running:  # this fragment polls; finished: one whole-page run to show the result and stop polling
+            st.rerun()
         if job.error:
             st.error(escape_md(f"The forecast failed: {job.error}"))
             return
