@@ -5,7 +5,7 @@ by the offline simulator (with a simulated clock) and by the dashboard's
 preview (on a copy). It is pure: every call takes ``now`` and nothing here
 reads a clock, does I/O or keeps global state.
 
-Vocabulary (DESIGN.md):
+Vocabulary (docs/architecture.md):
 
 * A session is *admitted* (its turns go to the engine), *parked* (its next turn
   is held at the sidecar; its cached prefix may be evicted) or *waiting* (a new

@@ -164,3 +164,9 @@ def test_cost_from_latencies_at_one_load_level_puts_the_step_on_context() -> Non
                 "ttft_p50": 0.1}] * 3
     cost = cost_from_latencies(samples)
     assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == (0.0, 0.02 / 20000, 0.0)
+
+
+def test_cost_from_latencies_without_an_inter_token_histogram_uses_e2e_ttft_and_output_length() -> None:
+    samples = [{"e2e_p50": 0.1 + 0.02 * 100, "ttft_p50": 0.1, "output_len_p50": 101, "requests_running": 4,
+                "prompt_len_p50": 5000, "engine_hit_ratio": 1.0}] * 3
+    assert cost_from_latencies(samples).decode_per_ctx_token_s == pytest.approx(0.02 / 20000, rel=1e-12)
