@@ -1,8 +1,8 @@
 """Forecast speed (issue 16 item 3): a 30-minute and a 6-hour forecast at the collapse demo's traffic.
 
-The recorded window is synthesised with the collapse demo's workload (the agent preset: 0.035 sessions/s of
-40 turns, ~1.4 turns/s, 6600-token first prompts growing by 800, 150-token answers, ~1.5 s tool gaps), with
-30 sessions in the engine at the start. A forecast runs the current config (``off``) and the proposed one
+The recorded window is synthesised with the collapse demo's workload (the agent preset's sessions: 40 turns,
+6600-token first prompts growing by 800, 150-token answers, ~1.5 s tool gaps; ~1.5 turns/s recorded), and the
+engine holds the collapse's pile-up at the start (40 more admitted sessions of 22.6K tokens on a 400K pool). A forecast runs the current config (``off``) and the proposed one
 (``budgeter-park``), as the Budgeter page does. The baseline, measured in the same run: a plain
 ``simulator run`` (``run_scenario("agent-steady", "off", ...)``) of the same length.
 
@@ -29,15 +29,18 @@ FIT = {"step_overhead_s": "0.006", "prefill_per_token_s": "3.24e-05", "prefill_a
        "decode_per_ctx_token_s": "3.7e-08"}
 
 
-def recorded(now: float = NOW, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """Turn rows of the last hour and the sessions present now, shaped like the collapse demo's traffic."""
+def recorded(now: float = NOW, seed: int = 0, rate: float = 0.042, crowd: int = 40) -> tuple[list[dict], list[dict]]:
+    """Turn rows of the last hour and the sessions present now, shaped like the collapse demo's traffic.
+
+    ``crowd`` more sessions are in the engine now, mid-way (the collapse demo's pile-up: 6600 + 800 x 20 tokens
+    of context each, 20 turns done)."""
     rng = random.Random(seed)
     turns: list[dict] = []
     sessions: list[dict] = []
     t = now - 3600.0
     k = 0
     while True:
-        t += rng.expovariate(0.0375)
+        t += rng.expovariate(rate)
         if t >= now:
             break
         k += 1
@@ -55,6 +58,8 @@ def recorded(now: float = NOW, seed: int = 0) -> tuple[list[dict], list[dict]]:
             n += 1
             prompt += 800
             ts = done + rng.lognormvariate(0.0, 0.5) * 1.5 / math.exp(0.125)
+    sessions += [{"session_id": f"crowd{i}", "state": "admitted", "context_tokens": 6600 + 800 * 20, "turns": 20,
+                  "manual": False, "pinned": False, "data": {}} for i in range(crowd)]
     return turns, sessions
 
 

@@ -32,7 +32,7 @@ from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast
 from simulator.forecast_run import run_forecast
 
 LATENCY_SIGNALS = ("itl_p50", "requests_running", "prompt_len_p50", "ttft_p50", "queue_time_p50",
-                   "engine_hit_ratio")
+                   "engine_hit_ratio", "e2e_p50", "output_len_p50")
 ROWS = (("R_t (whole run)", "r_t"), ("R_t (last 5 min)", "r_t_last_5min"), ("turns/s", "turns_per_s"),
         ("p95 turn latency (s)", "p95_turn_latency_s"), ("parked sessions (mean)", "parked_mean"),
         ("parked sessions (end)", "parked_end"), ("parked sessions (max)", "parked_max"),
@@ -146,6 +146,8 @@ def section(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions:
         if job.finished is None:
             st.progress(min(1.0, job.progress), text=f"Forecasting {job.minutes:g} minutes… {job.progress:.0%}")
             return
+        if running:  # this fragment polls; finished: one whole-page run to show the result and stop polling
+            st.rerun()
         if job.error:
             st.error(escape_md(f"The forecast failed: {job.error}"))
             return

@@ -29,7 +29,8 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 * ``cost_from_fit``: the cost model of a ``simulator fit`` file (``fit.json``'s
   ``set``); ``cost_from_latencies``: one estimated from the engine's recorded
   latency signals, by least squares over the intervals of the window:
-  decode ``itl_p50 = T0 + gamma * requests_running * prompt_len_p50`` and
+  decode ``itl_p50 = T0 + gamma * requests_running * prompt_len_p50`` (``itl_p50`` taken as
+  ``(e2e_p50 - ttft_p50) / (output_len_p50 - 1)`` where the engine has no inter-token histogram) and
   prefill ``ttft_p50 - queue_time_p50 - T0 = alpha * prompt_len_p50 * (1 -
   engine_hit_ratio)`` (``beta`` = 0, no offload: not observable from these).
 
@@ -196,6 +197,9 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]]) -> CostModel:
     prefill: list[tuple[float, float]] = []  # (uncached tokens, seconds before decode)
     for s in samples:
         itl, running, plen = _num(s.get("itl_p50")), _num(s.get("requests_running")), _num(s.get("prompt_len_p50"))
+        e2e, first, olen = _num(s.get("e2e_p50")), _num(s.get("ttft_p50")), _num(s.get("output_len_p50"))
+        if itl is None and e2e is not None and first is not None and olen is not None and olen > 1:
+            itl = max(0.0, e2e - first) / (olen - 1)  # engines without an inter-token histogram
         if itl is not None and running and plen:
             decode_x.append([1.0, running * plen])
             decode_y.append(itl)
@@ -206,7 +210,7 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]]) -> CostModel:
     if len(decode_y) < MIN_SAMPLES or len(prefill) < MIN_SAMPLES:
         raise ForecastError(
             f"no cost model: no fit file, and too few recorded latencies to estimate one ({len(decode_y)} intervals "
-            f"with itl_p50, requests_running and prompt_len_p50; {len(prefill)} with ttft_p50, prompt_len_p50 and "
+            f"with itl_p50 (or e2e_p50, ttft_p50 and output_len_p50), requests_running and prompt_len_p50; {len(prefill)} with ttft_p50, prompt_len_p50 and "
             f"engine_hit_ratio; need {MIN_SAMPLES} of each)")
     if len({round(x[1]) for x in decode_x}) > 1:
         t0, gamma = least_squares(decode_x, decode_y)

@@ -2,7 +2,7 @@
 
 A filled database (tests/dashboard/fill.py) plus 30 minutes of turn rows shaped like the collapse demo's
 traffic for engine ``a``'s sidecar, and a fit file of engine ``a`` (``PREFIXOPS_FIT``). The operator runs the
-forecast of `off` against the current `budgeter-park`; the page shows progress, then the current and the proposed runs side by side. Screenshot:
+forecast (180 minutes) of `off` against the current `budgeter-park`; the page comes back with a progress bar while the job runs (forecast-budgeter-progress.png), then shows the current and the proposed runs side by side. Screenshot:
 artifacts/screenshots/forecast-budgeter.png.
 """
 
@@ -57,7 +57,14 @@ def test_forecast_runs_in_the_background_and_shows_both_runs(dashboard: str) -> 
         page.locator("[data-testid='stSelectbox']").filter(has_text="Mode").last.click()
         page.get_by_role("option", name="off", exact=True).click()
         wait_idle(page)
+        minutes = page.get_by_role("spinbutton", name="Minutes")
+        minutes.fill("180")
+        minutes.press("Enter")
+        wait_idle(page)
         page.get_by_role("button", name="Run forecast").click()
+        progress = page.get_by_text("Forecasting 180 minutes")
+        progress.first.wait_for(state="attached", timeout=60_000)  # the page is back while the job runs
+        screenshot(page, "forecast-budgeter-progress")
         table = page.locator("[data-testid='stDataFrame']").filter(has_text="proposed")
         table.first.wait_for(state="attached", timeout=120_000)
         caption = page.get_by_text("cost model from fit").first

@@ -12,7 +12,8 @@ from tests.dashboard.apptest import app, figures, texts, traces
 from tests.dashboard.fill import NASTY_SESSION
 
 
-@pytest.mark.parametrize("page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit"])
+@pytest.mark.parametrize("page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit",
+                                  "incident"])
 def test_every_page_renders_signed_out_without_error(db_url: str, page: str) -> None:
     at = app(page)
     assert not at.exception

@@ -145,3 +145,28 @@ def test_run_forecast_is_deterministic_and_parking_holds_demand_under_the_band()
     assert park["summary"]["parked_max"] > 0 and park["summary"]["parked_session_minutes"] > 0
     assert len(off["series"]["turns"]) == 300 and sum(off["series"]["turns"]) > 0
     assert 0.0 <= off["summary"]["r_t"] <= 1.0
+
+
+def test_the_forecast_never_reads_the_simulators_own_configuration() -> None:
+    """Only the cost model and engine classes are taken from simulator.config: no SimConfig, no scenario."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for name in ("simulator/forecast.py", "simulator/forecast_run.py", "dashboard/forecast_view.py"):
+        text = (root / name).read_text()
+        for forbidden in ("SimConfig(", "AgentWorkload", "ControlConfig", "scenario_config", "run_scenario",
+                          "apply_overrides", "simulator.offline", "simulator.server"):
+            assert forbidden not in text, f"{name} uses {forbidden}"
+
+
+def test_cost_from_latencies_at_one_load_level_puts_the_step_on_context() -> None:
+    samples = [{"itl_p50": 0.02, "requests_running": 4, "prompt_len_p50": 5000, "engine_hit_ratio": 1.0,
+                "ttft_p50": 0.1}] * 3
+    cost = cost_from_latencies(samples)
+    assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == (0.0, 0.02 / 20000, 0.0)
+
+
+def test_cost_from_latencies_without_an_inter_token_histogram_uses_e2e_ttft_and_output_length() -> None:
+    samples = [{"e2e_p50": 0.1 + 0.02 * 100, "ttft_p50": 0.1, "output_len_p50": 101, "requests_running": 4,
+                "prompt_len_p50": 5000, "engine_hit_ratio": 1.0}] * 3
+    assert cost_from_latencies(samples).decode_per_ctx_token_s == pytest.approx(0.02 / 20000, rel=1e-12)
