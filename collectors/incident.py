@@ -124,7 +124,8 @@ def bundle(conn: Connection, engine: str, start: float, end: float, now: float |
         "turns": queries.turns(conn, target_id=sidecar_ids, start_ts=start, end_ts=end) if sidecar_ids else [],
         "settings": settings,
     }
-    return scrub(doc)
+    scrubbed: dict[str, Any] = scrub(doc)
+    return scrubbed
 
 
 def write_bundle(doc: dict[str, Any], out: str | Path) -> Path:
