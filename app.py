@@ -33,6 +33,7 @@ PAGES = [
     st.Page("pages/compaction.py", title="Compaction", url_path="compaction"),
     st.Page("pages/alerts.py", title="Alerts", url_path="alerts"),
     st.Page("pages/audit.py", title="Audit", url_path="audit"),
+    st.Page("pages/incident.py", title="Incident", url_path="incident"),
 ]
 ACCOUNTS_PAGE = st.Page("pages/accounts.py", title="Accounts", url_path="accounts")
 

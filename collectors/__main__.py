@@ -1,4 +1,5 @@
-"""Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports.
+"""Command line: ``python -m collectors [...]`` runs the collectors; ``python -m collectors status`` reports;
+``python -m collectors export-incident`` writes an incident bundle (collectors/incident.py).
 
     python -m collectors [--config FILE] [--engine [NAME=]URL]... [--sidecar [NAME=]URL]... [--database-url URL]
                          [--once] [--interval S] [--log-level LEVEL]
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         from collectors.prom_export import main as export_main
 
         return export_main(argv[1:])
+    if argv and argv[0] == "export-incident":
+        from collectors.incident import main as incident_main
+
+        return incident_main(argv[1:])
     if argv and argv[0] == "status":
         try:
             return status_main(argv[1:])

@@ -65,7 +65,7 @@ def insert_entries(conn: Connection, model: Any, tid: int, rows: list[dict[str, 
     if fresh and epoch > 0 and conn.execute(select(model.id).where(model.target_id == tid, model.epoch == epoch)
                                             .limit(1)).first() is None:
         # The first entry of a restarted log: say so in the audit, where operators look.
-        log_name = "audit" if model is AuditEntry else "compaction decisions"
+        log_name = {AuditEntry: "audit", CompactionDecision: "compaction decisions"}.get(model, model.__tablename__)
         conn.execute(insert(AuditEntry).values(
             source="collector", target_id=tid, epoch=epoch, remote_id=None, ts=ts, actor="collectors",
             action="sidecar-log-restarted", params={"log": log_name, "epoch": epoch},

@@ -2,7 +2,7 @@
 
 Pure code: no I/O, no clock of its own. Callers pass every timestamp in.
 
-Names follow DESIGN.md:
+Names follow docs/architecture.md:
 
 - ``R_t`` (token-weighted hit rate) = cached prompt tokens / prompt tokens.
 - ``R_r`` (request-weighted hit rate) = turns with ``cached_tokens > 0`` / turns.

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import logging
-import math
-import time
 from typing import Any
 
 import httpx
@@ -25,6 +23,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from dashboard import frames as q
 from dashboard.settings import Settings
+from dashboard.timerange import live_end
 from db import make_engine, sqlite_path
 
 logger = logging.getLogger(__name__)
@@ -69,8 +68,7 @@ def http_client() -> httpx.Client:
 
 def live_now(settings: Settings) -> float:
     """Now, rounded up to the refresh interval so concurrent panels share cached queries."""
-    step = max(settings.refresh_seconds, 0.5)
-    return math.ceil(time.time() / step) * step
+    return live_end(settings)
 
 
 def _read(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -17,6 +17,7 @@ sidecar's `regime_enter`), not a setting: one source for every policy default.
 | PREFIXOPS_OPERATOR_TOKEN | (unset) | operator bearer token for every sidecar |
 | PREFIXOPS_CONFIG | (unset) | the fleet TOML (`collectors.config`); `[[sidecars]]` entries may carry `operator_token` |
 | PREFIXOPS_CONTROL_TIMEOUT | 5 | seconds to wait for a sidecar's control API |
+| PREFIXOPS_FIT | (unset) | a `simulator fit` file: the Budgeter forecast's cost model for the engine it names |
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Settings:
     default_operator_token: str | None = field(default=None, repr=False)
     config_path: str | None = None
     control_timeout: float = 5.0
+    fit_path: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -80,6 +82,7 @@ class Settings:
             default_operator_token=env.get("PREFIXOPS_OPERATOR_TOKEN") or None,
             config_path=env.get("PREFIXOPS_CONFIG") or None,
             control_timeout=_float(env, "PREFIXOPS_CONTROL_TIMEOUT", 5.0, minimum=0.1),
+            fit_path=env.get("PREFIXOPS_FIT") or None,
         )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 import runpy
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,10 +32,6 @@ def fmt_ts(ts: float | None) -> str:
     if ts is None:
         return "-"
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def fmt_num(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def fmt_tokens(value: float | None) -> str:
@@ -149,10 +144,6 @@ def max_gap_for(window: TimeWindow) -> float:
 def admission_wait_limit() -> float | None:
     """The ``admission-wait`` alert's limit in force (seconds), or None when the rules have none."""
     return getattr(data.alert_settings(Settings.from_env().config_path), "admission_wait_s", None)
-
-
-def now() -> float:
-    return time.time()
 
 
 def csv_safe(frame: pd.DataFrame) -> bytes:

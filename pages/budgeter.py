@@ -7,7 +7,7 @@ import time
 import streamlit as st
 
 from core.budgeter import CONTROLS, BudgeterConfig, ConfigError
-from dashboard import actions, data
+from dashboard import actions, data, forecast_view
 from dashboard import preview as pv
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text
@@ -97,6 +97,8 @@ else:
             st.dataframe({"session": result.would_admit}, hide_index=True, key="preview_admit", width="stretch")
         if mode == "latency-park":
             st.caption("latency-park judges recent turn latencies, which the preview does not have: it parks nobody.")
+
+forecast_view.section(settings, ref, state, sessions, current, proposed, now)
 
 changed = proposed is not None and (proposed.mode, proposed.low, proposed.high) != (current.mode, current.low,
                                                                                      current.high)

@@ -8,8 +8,9 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, engine_view
+from dashboard import charts, data, engine_view, misses
 from dashboard import frames as q
+from dashboard import risk as risk_view
 from dashboard.settings import Settings
 from dashboard.timerange import TimeWindow, time_control
 from dashboard.ui import choose_engine, ensure_router, escape_md, max_gap_for, require_database
@@ -67,6 +68,7 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         if w.at is not None:
             charts.mark_moment(fig, w.at, "alert time" if st.query_params.get("alert") else "the moment")
     st.plotly_chart(figures["hit"], key="engine_hit_rates", width="stretch")
+    risk_view.render_timeline(url, ref, w.start, w.end, common["max_gap"])
     left, right = st.columns(2)
     with left:
         gauges = st.columns(2)
@@ -87,6 +89,8 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         st.plotly_chart(figures["cost"], key="engine_cost", width="stretch")
         st.caption(f"Cached prompt tokens priced at {settings.cached_token_price:g} of an uncached token "
                    "(PREFIXOPS_CACHED_TOKEN_PRICE).")
+    st.subheader("Why prompt tokens were missed")
+    misses.engine_panel(url, ref, w.start, w.end)
     st.subheader("Serving (the vLLM dashboard's panels)")
     cols = st.columns(2)
     for i, name in enumerate(engine_view.SERVING_PANELS):

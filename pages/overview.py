@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, fleet
+from dashboard import data, fleet, risk
 from dashboard import fleet_charts as fc
 from dashboard import frames as q
 from dashboard.settings import Settings
@@ -27,7 +27,7 @@ FLEET_POINTS = 150  # per engine and chart: distributions need the shape, not ev
 WORST_N = 3
 NUMBER_FORMATS = {"R_t": "%.2f", "R_r": "%.2f", "D": "%.2f", "demand / pool": "percent", "KV usage": "percent",
                   "turns/s": "%.2f", "waiting at sidecar": "%d", "parked": "%d", "in system": "%d",
-                  "engine running": "%d", "engine waiting": "%d", "open alerts": "%d"}
+                  "engine running": "%d", "engine waiting": "%d", "open alerts": "%d", "risk": "%.2f"}
 
 window = time_control(settings, key="overview")
 name_filter = st.text_input("Filter engines by name or label", key="overview_filter",
@@ -52,6 +52,7 @@ def fleet_state(now: float) -> list[dict]:
                             collectors_ok=collectors_alive(last_beat, now, settings.heartbeat_stale_seconds),
                             collectors_age=None if last_beat is None else now - last_beat,
                             admission_wait_s=admission_wait_limit())
+    risk.add_columns(rows, latest)
     return fleet.sort_rows(rows)
 
 
@@ -75,6 +76,8 @@ def render_table(rows: list[dict]) -> None:
         "R_t": st.column_config.NumberColumn("R_t", format="%.2f", help="token-weighted hit rate (sidecar)"),
         "D": st.column_config.NumberColumn("D", format="%.2f", help="R_r - R_t, same /state snapshot as the state"),
         "oldest wait": st.column_config.TextColumn("oldest wait", help="oldest session waiting at the sidecar"),
+        "risk": st.column_config.NumberColumn("risk", format="%.2f", help="collapse risk 0-1 (warns at 0.6), "
+                                              "docs/collapse-risk.md"),
     })
     st.dataframe(styled, key="fleet_table", hide_index=True, width="stretch", column_config=config,
                  height=min(38 + 35 * len(table), 740))

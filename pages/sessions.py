@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import actions, data
+from dashboard import actions, data, misses
 from dashboard import frames as q
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text
@@ -79,6 +79,19 @@ def table_panel() -> None:
 
 
 table_panel()
+
+
+@st.fragment(run_every=settings.refresh_seconds)
+def misses_panel() -> None:
+    st.subheader("Sessions with the most missed tokens (last hour)")
+    now = data.live_now(settings)
+    try:
+        misses.sessions_panel(url, ref, now - 3600, now)
+    except data.DatabaseUnavailable as exc:
+        st.error(str(exc))
+
+
+misses_panel()
 
 st.subheader("Park or unpark")
 operator = current_operator(settings)

@@ -22,7 +22,7 @@ PAGE = ROOT / "docs" / "cli.md"
 # (module run with `python -m`, installed command name, subcommands its argparse usage does not list)
 COMMANDS: list[tuple[str, str | None, list[str]]] = [
     ("sidecar", "prefixops-sidecar", []),
-    ("collectors", "prefixops-collectors", ["status", "export-rules"]),
+    ("collectors", "prefixops-collectors", ["status", "export-rules", "export-incident"]),
     ("simulator", "prefixops-sim", []),
     ("demo", None, []),
     ("dashboard", None, []),

@@ -189,6 +189,7 @@ class ControlPlane(Persistence, Views, TurnTracing):
         latency = time.monotonic() - ticket.started
         self.turn_done(ticket.session_id, prompt, cached, completion, latency, ok, ticket.subtree)
         self.trace_turn(ticket, prompt, cached, completion, latency, "ok" if ok else "error")
+        self.counters.model_turn(ticket.model, prompt, cached, completion, latency, ok)
         if ticket.session_id is None:
             self.budgeter.remove_unsessioned(ticket.request_id)
             self.unsessioned_in_flight -= 1

@@ -54,6 +54,32 @@ class Deferral:
     since: float
 
 
+MAX_MODELS = 32
+"""Distinct ``model`` names counted apart; any client can send any name, so the rest share ``(other)``."""
+
+
+@dataclass
+class ModelCounts:
+    """Per-model totals since start, by the request's ``model`` (vLLM's metrics do not split by adapter)."""
+
+    turns: int = 0
+    errors: int = 0
+    known_prompt_tokens: int = 0
+    known_cached_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "turns_total": self.turns, "errors_total": self.errors,
+            "prompt_tokens_total": self.known_prompt_tokens, "cached_tokens_total": self.known_cached_tokens,
+            "completion_tokens_total": self.completion_tokens,
+            "token_weighted": (self.known_cached_tokens / self.known_prompt_tokens)
+            if self.known_prompt_tokens else None,
+            "mean_latency_s": (self.latency_s / self.turns) if self.turns else None,
+        }
+
+
 @dataclass
 class Counters:
     requests: dict[tuple[str, str], int] = field(default_factory=dict)  # (endpoint, outcome) -> n
@@ -75,6 +101,22 @@ class Counters:
     parks: int = 0  # automatic and manual
     unparks: int = 0  # re-admissions of parked sessions and manual unparks
     usage_rejected: int = 0  # engine usage reports out of range (ignored)
+    models: dict[str, ModelCounts] = field(default_factory=dict)
+
+    def model_turn(self, model: Any, prompt: int | None, cached: int | None, completion: int | None,
+                   latency_s: float, ok: bool) -> None:
+        """Count one finished turn under its request's ``model`` (bounded, see `MAX_MODELS`)."""
+        name = model if isinstance(model, str) and model else "(none)"
+        if name not in self.models and len(self.models) >= MAX_MODELS:
+            name = "(other)"
+        counts = self.models.setdefault(name, ModelCounts())
+        counts.turns += 1
+        counts.errors += 0 if ok else 1
+        counts.latency_s += latency_s
+        counts.completion_tokens += completion or 0
+        if prompt is not None and cached is not None:
+            counts.known_prompt_tokens += prompt
+            counts.known_cached_tokens += cached
 
     def request(self, endpoint: str, outcome: str) -> None:
         key = (endpoint, outcome)

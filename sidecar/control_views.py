@@ -276,6 +276,7 @@ class Views:
                 "unsessioned_turns_in_window": unsessioned.turns,
                 "unsessioned_fraction": (unsessioned.turns / stats.turns) if stats.turns else None,
             },
+            "models": {name: counts.doc() for name, counts in sorted(self.counters.models.items())},
             "compaction": self.compaction_state(),
             "warnings": self.warnings(),
             "health": "degraded" if degraded else "ok",

@@ -169,6 +169,18 @@ class StateSession(Wire):
     last_cached_fraction: float | None = None
 
 
+class ModelDoc(Wire):
+    """Totals since start for one request ``model`` (``(none)``: no model; ``(other)``: past the cap)."""
+
+    turns_total: int
+    errors_total: int
+    prompt_tokens_total: int
+    cached_tokens_total: int
+    completion_tokens_total: int
+    token_weighted: float | None = None
+    mean_latency_s: float | None = None
+
+
 class StateDoc(Wire):
     ts: float
     started_at: float
@@ -185,6 +197,7 @@ class StateDoc(Wire):
     warnings: list[str]
     health: HealthStatus = "ok"
     degraded_reasons: list[str] = []
+    models: dict[str, ModelDoc] = {}
     sessions: list[StateSession] | None = None
 
 

@@ -64,6 +64,7 @@ def compaction_experiment(runs: int, seed_base: int, minutes: float, overrides: 
     with Pool(jobs) as pool:
         for res in tqdm(pool.imap_unordered(_job, work), total=len(work), desc="compaction runs", unit="run"):
             results.append(res)
+    results.sort(key=lambda r: r["seed"])  # per-seed lists in seed order
     table: dict[str, Any] = {"runs": runs, "seed_base": seed_base, "minutes": minutes}
     for trig in triggers:
         rs = [r for r in results if r["trigger"] == trig]

@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
+from tests import support
 from tests.db.pg import fresh_database, postgres_server
+
+
+def _starts_processes(module: ModuleType) -> bool:
+    """A test module that starts real processes: it uses `support.running` or `subprocess`, or a
+    fixture or helper of another test module that does."""
+    for value in vars(module).values():
+        if value is support.running or value is subprocess:
+            return True
+        owner = sys.modules.get(getattr(value, "__module__", None) or "")
+        if owner is not None and owner is not module and owner.__name__.startswith("tests.") \
+                and owner is not support and getattr(owner, "running", None) is support.running:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of a process-starting module `process`, so `make test-fast` can leave them out."""
+    seen: dict[str, bool] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        if module.__name__ not in seen:
+            seen[module.__name__] = _starts_processes(module)
+        if seen[module.__name__]:
+            item.add_marker(pytest.mark.process)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 import httpx
 
@@ -25,6 +26,43 @@ PYTHON = sys.executable
 FIXTURES = REPO / "tests" / "fixtures"
 ENGINE_METRICS = FIXTURES / "engine-metrics"
 ARTIFACTS = REPO / "artifacts"
+
+
+T = TypeVar("T")
+
+
+class FakeClock:
+    """A clock for code that takes one (``clock()`` -> seconds); tests move it with ``advance``."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition", *,
+             interval: float = 0.2, tolerate: tuple[type[BaseException], ...] = ()) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Exceptions of the ``tolerate`` types count as "not yet" (a server still starting). On time-out
+    it fails naming ``what`` and the last value or exception seen, so the report says how far it got.
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except tolerate as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last seen: {last!r})")
+        time.sleep(interval)
 
 
 def free_port() -> int:

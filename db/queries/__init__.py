@@ -12,6 +12,7 @@ By concern:
 - `db.queries.latest`: the newest sample per series, per target (`latest_samples`, `latest_signals`);
 - `db.queries.series`: points over a time range at a bounded resolution (`series_range`);
 - `db.queries.sidecar`: sidecar /state, sessions, subtrees, compaction decisions, the audit;
+- `db.queries.turns`: the turn trace and missed tokens by cause (`miss_attribution`);
 - `db.queries.alerts`: alerts and silences, and the dashboard writes (`record_dashboard_action`,
   `acknowledge_alert`, `add_silence`, `expire_silence`).
 """
@@ -37,11 +38,13 @@ from db.queries.series import (
 )
 from db.queries.sidecar import audit, compaction_decisions, sessions, sidecar_state, subtrees
 from db.queries.targets import heartbeat, target_by_url, targets
+from db.queries.turns import miss_attribution, pressure_intervals, turns
 
 __all__ = [
     "DEFAULT_MAX_POINTS", "RAW_RETENTION_KEY", "ROLLUP10_WATERMARK_KEY", "ROLLUP_WATERMARK_KEY",
     "acknowledge_alert", "add_silence", "alerts", "audit", "choose_resolution", "compaction_decisions",
     "expire_silence", "heartbeat", "latest_samples", "latest_signals", "latest_value", "open_alerts",
     "record_dashboard_action", "rollup_watermark", "series_range", "sessions", "sidecar_state", "silences",
-    "subtrees", "target_by_url", "target_totals", "targets",
+    "subtrees", "target_by_url", "target_totals", "targets", "miss_attribution", "pressure_intervals",
+    "turns",
 ]

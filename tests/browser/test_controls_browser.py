@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.browser.pw import browser_page, open_page, require_chromium, screenshot, wait_idle
-from tests.support import PYTHON, REPO, free_port, running
+from tests.support import PYTHON, REPO, free_port, running, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -57,20 +57,6 @@ def _drive_sessions(sidecar: str) -> None:
                 assert response.status_code == 200, response.text
 
 
-def _wait_for(predicate: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except Exception as exc:  # the database may not exist yet
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
-
-
 def _sessions_in_db(database_url: str) -> set[str]:
     from db import make_engine
     from db.models import Session
@@ -104,7 +90,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             running([PYTHON, "-m", "collectors", "--config", str(config), "--database-url", database_url],
                     name="collectors"):
         _drive_sessions(sidecar)
-        _wait_for(lambda: set(SESSIONS) <= _sessions_in_db(database_url), "the collectors to record the sessions")
+        wait_for(lambda: set(SESSIONS) <= _sessions_in_db(database_url), 60, "the collectors to record the sessions",
+                 interval=0.25, tolerate=(Exception,))  # the database may not exist yet
         subprocess.run([PYTHON, "-m", "dashboard", "--database-url", database_url, "accounts", "add", "alice",
                         "--role", "operator"], input=PASSPHRASE + "\n", text=True, check=True, timeout=60, cwd=REPO)
         env = {"DATABASE_URL": database_url, "PREFIXOPS_CONFIG": str(config), "PREFIXOPS_REFRESH_SECONDS": "1"}
@@ -199,7 +186,7 @@ def test_operator_changes_bands_seen_in_state_and_on_audit(stack: Stack) -> None
             page.wait_for_timeout(1000)
             return page.get_by_text("budgeter.update").count() > 0 and page.get_by_text("alice").count() > 0
 
-        _wait_for(audit_shows_it, "the band change on the Audit page", timeout=60)
+        wait_for(audit_shows_it, 60, "the band change on the Audit page", interval=0.25, tolerate=(Exception,))
         screenshot(page, "live-audit-after-bands")
 
 

@@ -17,7 +17,7 @@ from tests.support import PYTHON, free_port, running
 
 pytestmark = pytest.mark.browser
 
-NAV_LABELS = ["Overview", "Engine", "Sessions", "Budgeter", "Compaction", "Alerts", "Audit"]
+NAV_LABELS = ["Overview", "Engine", "Sessions", "Budgeter", "Compaction", "Alerts", "Audit", "Incident"]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,9 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     env = {"DATABASE_URL": f"sqlite:///{path}",
            # The fill is "now" when it runs; keep it fresh for the length of this module.
-           "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600"}
+           "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
+           # A refresh longer than a page's run on a loaded 2-core machine, so the page is seen idle.
+           "PREFIXOPS_REFRESH_SECONDS": "5"}
     cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
     with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
                  expect_text="ok", timeout=60):
@@ -93,7 +95,7 @@ def test_first_visitor_of_a_deep_link_after_a_server_start_gets_the_routed_page(
     engine, _now = filled_engine(f"sqlite:///{path}")
     engine.dispose()
     port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}"}
+    env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_REFRESH_SECONDS": "5"}
     cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
     with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
                  expect_text="ok", timeout=60), browser_page() as page:

@@ -5,6 +5,7 @@ Screenshots go to artifacts/screenshots/triage-*.png."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.browser
 
 def serve(path: Path) -> Iterator[str]:
     port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_OPERATOR_PASSPHRASE": "browser-test",
+    env = {"DATABASE_URL": f"sqlite:///{path}",
            "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
            "PREFIXOPS_REFRESH_SECONDS": "5"}
     cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
@@ -67,7 +68,8 @@ def test_frozen_engine_and_the_sidecar_queue_on_the_overview(triage: str) -> Non
         body = text_of(page)
         assert "Page not found" not in page.content()
         # the frozen engine: its own last good scrape, not the live sidecar's
-        assert "engine c not answering: ReadTimeout: engine hung (its last good scrape 10 min ago)" in body
+        assert re.search(r"engine c not answering: ReadTimeout: engine hung \(its last good scrape 1\d min ago\)",
+                         body)
         # the queue at the sidecar: a state of its own, with the oldest wait
         assert "QUEUEING" in body
         assert "13 sessions waiting at the sidecar, the oldest for 84 s (limit 60 s)" in body
@@ -97,8 +99,8 @@ def test_engine_view_at_that_moment(triage: str) -> None:
         page.wait_for_url("**/engine?*", timeout=30_000)
         assert "at=" in page.url
         page.get_by_text("State at").wait_for(timeout=60_000)
+        page.get_by_text("Showing the moment").wait_for(timeout=30_000)
         body = text_of(page)
-        assert "Showing the moment" in body
         assert "sidecar warning" not in body  # today's warnings are not that moment's
         page.locator(".stPlotlyChart, [data-testid='stPlotlyChart']").first.locator(
             "text=alert time").first.wait_for(timeout=30_000)

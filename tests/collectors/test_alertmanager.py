@@ -25,7 +25,7 @@ from db.migrate import upgrade
 from db.models import Alert, Silence, Target
 from tests.collectors.fake_targets import FakeEngine
 from tests.collectors.promtools import alertmanager_server
-from tests.support import free_port
+from tests.support import FakeClock, free_port, wait_for
 
 T0 = 1_800_000_000.0
 
@@ -48,14 +48,6 @@ def test_config_reads_alertmanagers_and_dashboard_url():
 def test_config_errors_name_the_entry_and_value(data, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(data, "fleet.toml")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture
@@ -99,7 +91,7 @@ AM = (AlertmanagerTarget("http://am:9093", auth_header="Bearer t0k", resend_s=60
 
 
 def test_firing_is_resent_while_it_fires_and_ended_on_resolve(db):
-    clock = Clock()
+    clock = FakeClock(T0)
     sender, posts = _sender(db, clock)
     _fire(db, 7, "collapse", 2, T0 - 10)
     assert sender.tick(AM, "http://dash:8501") == 1
@@ -134,7 +126,7 @@ def test_firing_is_resent_while_it_fires_and_ended_on_resolve(db):
 
 
 def test_failed_posts_are_retried_at_the_next_tick(db):
-    clock = Clock()
+    clock = FakeClock(T0)
     sender, posts = _sender(db, clock, status=503)
     _fire(db, 1, "target-down", 1, T0)
     assert sender.tick(AM, None) == 0 and len(posts) == 1
@@ -143,7 +135,7 @@ def test_failed_posts_are_retried_at_the_next_tick(db):
 
 
 def test_prefixops_silences_keep_alerts_from_alertmanager(db):
-    clock = Clock()
+    clock = FakeClock(T0)
     sender, posts = _sender(db, clock)
     _fire(db, 1, "thin-reuse", 2, T0, silenced=True)  # fired under a silence: never sent
     _fire(db, 2, "admission-wait", 2, T0)
@@ -195,16 +187,6 @@ class Receiver:
         return [a["status"] for b in self.bodies for a in b["alerts"] if a["labels"]["alertname"] == alertname]
 
 
-def _wait(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_real_alertmanager_receives_routes_and_resolves(tmp_path):
     receiver = Receiver()
     am_config = {
@@ -241,18 +223,18 @@ def test_real_alertmanager_receives_routes_and_resolves(tmp_path):
                 alerts = httpx.get(f"{am_url}/api/v2/alerts").json()
                 return [a for a in alerts if a["labels"].get("alertname") == "PrefixOpsTargetDown"]
 
-            [seen] = _wait(in_api, what="the alert in Alertmanager's API")
+            [seen] = wait_for(in_api, what="the alert in Alertmanager's API")
             assert seen["labels"]["rule"] == "target-down" and seen["labels"]["service"] == "prefixops"
             assert seen["generatorURL"] == (f"http://dash:8501/engine?engine=fake&at="
                                             f"{seen['generatorURL'].split('at=')[1].split('&')[0]}&range=1h")
             assert seen["status"]["state"] == "active"
-            _wait(lambda: "firing" in receiver.statuses("PrefixOpsTargetDown"), what="the firing notification")
+            wait_for(lambda: "firing" in receiver.statuses("PrefixOpsTargetDown"), what="the firing notification")
 
             engine.start()
             for _ in range(3):
                 step()
                 time.sleep(0.2)
-            _wait(lambda: "resolved" in receiver.statuses("PrefixOpsTargetDown"), what="the resolved notification")
+            wait_for(lambda: "resolved" in receiver.statuses("PrefixOpsTargetDown"), what="the resolved notification")
             assert not [a for a in in_api() if a["status"]["state"] == "active"]
             collector.client.close()
     finally:

@@ -17,19 +17,12 @@ from db import make_engine, queries
 from db.migrate import upgrade
 from db.models import Sample, Series
 from tests.collectors.fake_targets import FakeEngine, FakeSidecar
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support import FakeClock
 
 
 class Harness:
     def __init__(self, db_url: str, engine: FakeEngine, sidecar: FakeSidecar) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.db = make_engine(db_url)
         upgrade(self.db)
         settings = AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0, stale_after_s=30,

@@ -15,6 +15,7 @@ from core.alerts import AlertSettings
 from db import make_engine, queries
 from db.migrate import upgrade
 from db.models import Alert, Notification
+from tests.support import FakeClock
 
 DOWN_URL = "http://127.0.0.1:9"  # nothing listens on the discard port: connection refused
 
@@ -51,14 +52,6 @@ class Receiver:
         self.httpd.server_close()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def receiver():
     r = Receiver()
@@ -66,14 +59,14 @@ def receiver():
     r.close()
 
 
-def make_collector(db, receiver_url: str, clock: Clock, fmt: str = "json") -> Collector:
+def make_collector(db, receiver_url: str, clock: FakeClock, fmt: str = "json") -> Collector:
     config = CollectorConfig(engines=(EngineTarget(DOWN_URL, name="gone"),),
                              webhooks=(Webhook(receiver_url, format=fmt, max_attempts=3),),
                              alerts=AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0))
     return Collector(config, db, clock=clock)
 
 
-def tick(c: Collector, clock: Clock, n: int = 1) -> None:
+def tick(c: Collector, clock: FakeClock, n: int = 1) -> None:
     for _ in range(n):
         clock.t += 1.0
         outcomes = [s.scrape(c.client) for s in c.scrapers.values()]
@@ -88,7 +81,7 @@ def outbox_count(db) -> int:
 def test_firing_notification_retries_then_no_duplicate_after_restart(db_url, receiver):
     db = make_engine(db_url)
     upgrade(db)
-    clock = Clock()
+    clock = FakeClock()
     c = make_collector(db, receiver.url, clock, fmt="alertmanager")
     receiver.fail = 1
     tick(c, clock, 3)
@@ -121,7 +114,7 @@ def test_firing_notification_retries_then_no_duplicate_after_restart(db_url, rec
 def test_resolved_and_acknowledged_notifications_and_silences(db_url, receiver):
     db = make_engine(db_url)
     upgrade(db)
-    clock = Clock()
+    clock = FakeClock()
     c = make_collector(db, receiver.url, clock)
     tick(c, clock, 3)
     with db.connect() as conn:
@@ -155,7 +148,7 @@ def test_resolved_and_acknowledged_notifications_and_silences(db_url, receiver):
 def test_webhook_gives_up_after_max_attempts(tmp_path):
     db = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
     upgrade(db)
-    clock = Clock()
+    clock = FakeClock()
     c = make_collector(db, "http://127.0.0.1:9/hook", clock)  # nothing listens there
     tick(c, clock, 3)
     for _ in range(3):

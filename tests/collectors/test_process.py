@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from sqlalchemy import func, select
@@ -15,17 +14,7 @@ from sqlalchemy.exc import OperationalError
 from db import make_engine
 from db.models import CollectorHeartbeat, Sample, Series, Target
 from tests.collectors.fake_targets import FakeEngine, FakeSidecar
-from tests.support import PYTHON, REPO, read_log, running
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out waiting for {what}")
+from tests.support import PYTHON, REPO, read_log, running, wait_for
 
 
 def count_samples(db, url: str, signal_name: str) -> int:

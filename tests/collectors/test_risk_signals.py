@@ -15,13 +15,13 @@ from db import make_engine, queries
 from db.migrate import upgrade
 from db.models import Sample, Series
 from tests.collectors.fake_targets import FakeEngine, FakeSidecar
-from tests.collectors.test_fault_injection import Clock
+from tests.support import FakeClock
 
 
 def run(db_url: str, config: CollectorConfig, ticks: int) -> tuple[Collector, object]:
     db = make_engine(db_url)
     upgrade(db)
-    clock = Clock()
+    clock = FakeClock()
     collector = Collector(config, db, clock=clock)
     for _ in range(ticks):
         clock.t += 1.0

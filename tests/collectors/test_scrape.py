@@ -11,22 +11,14 @@ from collectors import sidecar_docs as docs
 from collectors.config import EngineTarget, SidecarTarget
 from collectors.scrape import EngineScraper, SidecarScraper
 from core import signals as sig
-from tests.support import ENGINE_METRICS
+from tests.support import ENGINE_METRICS, FakeClock
 
 VLLM = (ENGINE_METRICS / "vllm-0.33.0-statlogger.prom").read_text()
 
 
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def engine_scraper(clock=None, kind="auto") -> EngineScraper:
     return EngineScraper(EngineTarget("http://engine:8000", kind=kind), interval_s=1.0, timeout_s=0.5,
-                         max_page_bytes=1_000_000, clock=clock or Clock())
+                         max_page_bytes=1_000_000, clock=clock or FakeClock(1000.0))
 
 
 def client_for(handler) -> httpx.Client:
@@ -67,7 +59,7 @@ def test_engine_failures_are_one_line_reasons(handler, reason):
 
 
 def test_rates_across_scrapes_reset_and_restart():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     scraper = engine_scraper(clock)
     pages = iter([
         'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 1000\nvllm:prefix_cache_hits_total{engine="0"} 500\n',
@@ -93,7 +85,7 @@ def test_rates_across_scrapes_reset_and_restart():
 
 
 def test_gap_after_downtime_gives_no_averaged_rate():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     scraper = engine_scraper(clock)
     page = iter(['vllm:prefix_cache_queries_total{engine="0"} 100\n', 'vllm:prefix_cache_queries_total{engine="0"} 900\n'])
     client = client_for(lambda r: httpx.Response(200, text=next(page)))
@@ -129,7 +121,7 @@ def turns_page(turns, after: int, limit: int) -> dict:
 
 def sidecar_scraper(clock=None, token=None) -> SidecarScraper:
     return SidecarScraper(SidecarTarget("http://sidecar:8100", viewer_token=token), interval_s=1.0, timeout_s=0.5,
-                          max_page_bytes=1_000_000, clock=clock or Clock())
+                          max_page_bytes=1_000_000, clock=clock or FakeClock(1000.0))
 
 
 FULL_STATE = {
@@ -145,7 +137,7 @@ FULL_STATE = {
 
 
 def test_sidecar_signals_and_incremental_entries():
-    clock = Clock()
+    clock = FakeClock(1000.0)
     state = json.loads(json.dumps(FULL_STATE))
     decisions = [{"id": 1, "ts": 1.0, "subtree_id": "a", "decision": "granted", "regime": "thin-reuse"}]
     audit = [{"id": 1, "ts": 1.0, "actor": "op", "action": "park", "params": {"session": "s1"}, "after": {}}]

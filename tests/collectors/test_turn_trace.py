@@ -5,8 +5,9 @@ from __future__ import annotations
 import httpx
 
 from collectors.turn_trace import turn_row
+from tests.support import FakeClock
 
-from .test_scrape import FULL_STATE, Clock, client_for, sidecar_handler, sidecar_scraper
+from .test_scrape import FULL_STATE, client_for, sidecar_handler, sidecar_scraper
 
 
 def turn(i: int, **kw: object) -> dict:
@@ -16,7 +17,7 @@ def turn(i: int, **kw: object) -> dict:
 
 
 def test_turns_are_read_in_pages_and_the_cursor_moves_only_after_commit():
-    scraper = sidecar_scraper(Clock())
+    scraper = sidecar_scraper(FakeClock(1000.0))
     scraper.PAGE = 2  # three pages for five turns
     turns = [turn(i) for i in range(1, 6)]
     client = client_for(sidecar_handler(FULL_STATE, turns=turns))
@@ -36,7 +37,7 @@ def test_turns_are_read_in_pages_and_the_cursor_moves_only_after_commit():
 
 
 def test_a_wiped_sidecar_log_starts_a_new_epoch_and_an_old_sidecar_has_no_turns():
-    scraper = sidecar_scraper(Clock())
+    scraper = sidecar_scraper(FakeClock(1000.0))
     turns = [turn(1), turn(2)]
     client = client_for(sidecar_handler(FULL_STATE, turns=turns))
     scraper.commit(scraper.scrape(client))
@@ -49,7 +50,7 @@ def test_a_wiped_sidecar_log_starts_a_new_epoch_and_an_old_sidecar_has_no_turns(
             return httpx.Response(404, json={"detail": "Not Found"})
         return sidecar_handler(FULL_STATE)(request)
 
-    out = sidecar_scraper(Clock()).scrape(client_for(old_sidecar))
+    out = sidecar_scraper(FakeClock(1000.0)).scrape(client_for(old_sidecar))
     assert out.ok and out.turns == []
 
 

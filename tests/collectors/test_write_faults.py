@@ -27,7 +27,7 @@ from db import make_engine
 from db.migrate import upgrade
 from db.models import AuditEntry, CompactionDecision, Sample, Series, Session, Target
 from tests.collectors.fake_targets import FakeEngine, FakeSidecar
-from tests.collectors.test_fault_injection import Clock
+from tests.support import FakeClock
 
 LOCK_TIMEOUT_MS = 300
 
@@ -36,7 +36,7 @@ class Rig:
     """A collector over one engine and one sidecar; `restart()` is a new collector process."""
 
     def __init__(self, db_url: str, engine: FakeEngine, sidecar: FakeSidecar, **engine_kwargs: object) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.db = make_engine(db_url, **engine_kwargs)  # type: ignore[arg-type]
         upgrade(self.db)
         settings = AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0, stale_after_s=30)

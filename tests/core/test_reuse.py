@@ -80,7 +80,7 @@ def test_unknown_turns_are_not_misses() -> None:
 
 
 def test_storm_of_short_requests_diverges() -> None:
-    # DESIGN.md: R_r ~0.9 while R_t ~0.1 under a storm of short low-overlap requests.
+    # docs/architecture.md: R_r ~0.9 while R_t ~0.1 under a storm of short low-overlap requests.
     storm = [Turn(i, 1000, 100) for i in range(9)] + [Turn(9, 1000, 0)]
     s = stats_of(storm)
     assert s.request_weighted == pytest.approx(0.9)

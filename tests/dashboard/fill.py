@@ -43,8 +43,10 @@ from db.models import (
     Silence,
     Subtree,
     Target,
+    Turn,
 )
 from db.queries import ROLLUP_WATERMARK_KEY
+from tests.dashboard.fill_turns import turn_rows
 
 RAW_SECONDS = 2 * 3600  # raw samples over the last two hours
 RAW_STEP = 5.0
@@ -247,6 +249,7 @@ def fill_database(engine: Engine, now: float | None = None, *, heartbeat_age: fl
                        action="sign-in", params={"method": "passphrase"}, outcome="ok", data={}),
         ]
         db.add_all(audit)
+        db.execute(insert(Turn), turn_rows(a_side.id, now, COLLAPSE_AGO))
 
         db.add_all([
             Alert(rule="collapse", target_id=targets[("a", "sidecar")].id, engine_label="", severity="critical",

@@ -87,3 +87,18 @@ def test_preview_adapter_uses_core_budgeter() -> None:
     assert result.would_admit == []
     relaxed = pv.preview(state, sessions, BudgeterConfig(mode="off"), now=200.0)
     assert relaxed.would_park == [] and relaxed.would_admit == ["w"]
+
+
+def test_forecast_fit_file_is_used_only_for_the_engine_it_names(tmp_path) -> None:
+    import json
+
+    from dashboard.forecast_view import fit_of
+
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps({"engine": "http://e:8000/", "set": {"prefill_per_token_s": "1e-5"}}))
+    assert fit_of(str(path), "http://e:8000") == ({"prefill_per_token_s": "1e-5"}, f"fit file {path}")
+    assert fit_of(str(path), "http://other:8000") == (
+        None, f"the fit file {path} is of http://e:8000/, not http://other:8000")
+    assert fit_of(None, "http://e:8000") == (None, "no fit file (PREFIXOPS_FIT unset)")
+    path.write_text("{}")
+    assert fit_of(str(path), "http://e:8000")[1] == f"PREFIXOPS_FIT={path} is not a `simulator fit` file ('set')"

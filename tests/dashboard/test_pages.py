@@ -12,7 +12,8 @@ from tests.dashboard.apptest import app, figures, texts, traces
 from tests.dashboard.fill import NASTY_SESSION
 
 
-@pytest.mark.parametrize("page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit"])
+@pytest.mark.parametrize("page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit",
+                                  "incident"])
 def test_every_page_renders_signed_out_without_error(db_url: str, page: str) -> None:
     at = app(page)
     assert not at.exception
@@ -152,3 +153,18 @@ def test_audit_csv_cannot_inject_formulas() -> None:
     data = csv_safe(pd.DataFrame({"session": ["=HYPERLINK(1)", "ok", "-1+2"]}))
     assert pd.read_csv(io.BytesIO(data))["session"].tolist() == ["'=HYPERLINK(1)", "ok", "'-1+2"]
 
+
+
+def test_engine_page_shows_missed_tokens_by_cause_and_sessions_page_the_worst_sessions(db_url: str) -> None:
+    at = app("engine", engine="a")
+    assert not at.exception
+    misses = traces(figures(at)["engine_misses"])
+    assert {"cold", "evicted-parked", "prefix-changed", "unattributed"} <= set(misses)
+    assert sum(misses["evicted-parked"]["y"]) > 0 and "new" not in misses
+    assert "hits counted for recomputation" in misses
+    assert "missed prompt tokens in this window" in texts(at)
+    at = app("sessions", engine="a")
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "missed tokens" in d.value.columns)
+    assert table["missed tokens"].is_monotonic_decreasing and len(table) == 12
+    assert table.iloc[0]["session"].startswith("agent-")

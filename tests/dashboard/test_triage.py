@@ -7,10 +7,10 @@ import json
 import time
 
 import httpx
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 
 from db import make_engine
-from db.models import AuditEntry, Silence, Target
+from db.models import AuditEntry, Sample, Series, Silence, Target
 from tests.dashboard.apptest import app, sign_in, texts
 from tests.dashboard.fill import COLLAPSE_AGO
 from tests.dashboard.test_actions import Recorder, dashboard_audit
@@ -109,3 +109,32 @@ def test_destructive_picker_has_no_select_all(db_url: str) -> None:
     at = sign_in(app(engine="a"))
     at.switch_page("pages/sessions.py").run()
     assert at.multiselect(key="sessions_selected").proto.select_all == 0
+
+
+def test_frozen_engine_stops_the_sidecar_reuse_lines_and_shades_them(db_url: str, fill_now: float,
+                                                                     monkeypatch) -> None:  # noqa: ANN001
+    """kill -STOP on the engine: the sidecar still answers with its last R_t; the chart must not draw it on."""
+    monkeypatch.setenv("PREFIXOPS_STALE_SECONDS", str(time.time() - fill_now + 60))  # fresh as of the fill
+    import pandas as pd
+    from sqlalchemy import update
+
+    from tests.dashboard.apptest import figures, traces
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(update(Target).where(Target.name == "b").values(up=False, last_success_ts=fill_now - 600,
+                                                                     last_error="ReadTimeout"))
+        b_engine = conn.execute(select(Target.id).where(Target.name == "b")).scalar_one()
+        series = select(Series.id).where(Series.target_id == b_engine)
+        conn.execute(delete(Sample).where(Sample.series_id.in_(series), Sample.ts > fill_now - 600))
+    at = app("engine", engine="b")
+    fig = figures(at)["engine_hit_rates"]
+    hit = traces(fig)
+    last_rt = pd.Timestamp([x for x, y in zip(hit["R_t (token-weighted)"]["x"], hit["R_t (token-weighted)"]["y"],
+                                              strict=True) if y is not None][-1]).timestamp()
+    assert last_rt <= fill_now - 600
+    assert any(s.get("type") == "rect" and s.get("fillcolor") == "#9e9e9e" for s in fig["layout"]["shapes"])
+    assert any(str(a.get("text", "")).startswith("no data since") for a in fig["layout"]["annotations"])
+    # the queue at the sidecar keeps going: users piling up is what to see
+    backlog = traces(figures(at)["engine_backlog"])
+    assert pd.Timestamp(backlog["waiting"]["x"][-1]).timestamp() > fill_now - 60

@@ -12,7 +12,10 @@ import time
 import httpx
 import pytest
 
-from tests.support import PYTHON, free_port, read_log, running
+from tests.support import PYTHON, free_port, read_log, running, wait_for
+
+# A process still starting answers with connection errors or half-filled documents: not yet, not a failure.
+TOLERATE = (httpx.HTTPError, ValueError, KeyError)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("heavy")]
 
@@ -23,27 +26,13 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
-            last = exc
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout:.0f} s (last seen: {last!r})")
-
-
 def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
     ports = {name: free_port() for name in ("engine", "sidecar", "dashboard")}
     cmd = [PYTHON, "-m", "demo", "--engine-port", str(ports["engine"]), "--sidecar-port", str(ports["sidecar"]),
            "--dashboard-port", str(ports["dashboard"]), "--data-dir", str(tmp_path), "--speed", "8"]
     env = {"PREFIXOPS_OPERATOR_TOKEN": ""}
     with running(cmd, name="demo", env=env) as proc:
-        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up")
+        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up", tolerate=TOLERATE)
         banner = read_log(proc)
         assert f"http://127.0.0.1:{ports['dashboard']}" in banner
         assert "operator token" in banner
@@ -60,7 +49,7 @@ def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
             state = httpx.get(f"{sidecar}/state", timeout=2).json()
             return state["reuse"]["token_weighted"] is not None
 
-        wait_for(traffic_seen, 30, "no demo traffic reached the sidecar")
+        wait_for(traffic_seen, 30, "no demo traffic reached the sidecar", tolerate=TOLERATE)
         assert time.monotonic() - up_at <= 30
 
         def collected():
@@ -70,7 +59,7 @@ def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
             rows = json.loads(out)
             return [r for r in rows if r["up"] and r["token_weighted"] is not None]
 
-        wait_for(collected, 30, "the collectors stored no hit rate")
+        wait_for(collected, 30, "the collectors stored no hit rate", tolerate=TOLERATE)
 
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=40)
@@ -92,7 +81,7 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
     sidecar = f"http://127.0.0.1:{ports['sidecar']}"
     auth = {"Authorization": f"Bearer {token}", "X-Actor": "test-operator"}
     with running(cmd, name="demo-collapse", env=env) as proc:
-        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up")
+        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up", tolerate=TOLERATE)
         assert "Scenario: collapse" in read_log(proc)
         entries = httpx.get(f"{sidecar}/audit", headers=auth, timeout=5).json()
         assert any(e["actor"] == "demo" and e["action"] == "budgeter.update" and e["params"] == {"mode": "off"}
@@ -106,7 +95,7 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
             # the two hit rates diverge: R_r stays high while R_t collapses
             return reuse["token_weighted"] <= 0.3 and reuse["request_weighted"] >= 0.9 and state
 
-        state = wait_for(collapsed, 240, "the engine did not collapse after the burst")
+        state = wait_for(collapsed, 240, "the engine did not collapse after the burst", tolerate=TOLERATE)
         assert state["budgeter"]["mode"] == "off"
         assert state["budgeter"]["demand_fraction"] > 1.0  # admitted demand past the pool
 
@@ -115,7 +104,7 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
                 return db.execute("SELECT count(*) FROM alerts WHERE rule = 'collapse' AND state = 'firing'"
                                   ).fetchone()[0]
 
-        wait_for(collapse_alert, 120, "the collectors did not raise the collapse alert")
+        wait_for(collapse_alert, 120, "the collectors did not raise the collapse alert", tolerate=TOLERATE)
 
         response = httpx.put(f"{sidecar}/control/budgeter", json={"mode": "budgeter-park"}, headers=auth, timeout=10)
         assert response.status_code == 200, response.text
@@ -124,7 +113,7 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
             state = httpx.get(f"{sidecar}/state", timeout=5).json()
             return (state["reuse"]["token_weighted"] or 0) >= 0.8
 
-        wait_for(recovered, 180, "budgeter-park did not bring the hit rate back")
+        wait_for(recovered, 180, "budgeter-park did not bring the hit rate back", tolerate=TOLERATE)
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=40)
         assert proc.returncode == 0, read_log(proc)[-3000:]

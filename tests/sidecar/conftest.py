@@ -22,6 +22,7 @@ from sidecar.control import ControlPlane
 from sidecar.settings import Settings
 from sidecar.store import Store
 from tests.stubs.stub_engine import StubEngine, serve
+from tests.support import FakeClock
 
 OPERATOR = "operator-token-123"
 VIEWER = "viewer-token-456"
@@ -31,17 +32,6 @@ OP_HEADERS = {"Authorization": f"Bearer {OPERATOR}", "X-Actor": "alice"}
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class FakeClock:
-    def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 @dataclasses.dataclass

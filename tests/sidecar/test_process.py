@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import openai
 import pytest
 
 from core.engine_metrics import pool_tokens
-from tests.support import PYTHON, free_port, running
+from tests.support import PYTHON, free_port, running, wait_for
 
 OPERATOR = "operator-token-process"
 OP = {"Authorization": f"Bearer {OPERATOR}", "X-Actor": "carol"}
@@ -56,14 +55,6 @@ def chat(base: str, session: str, content: str = "hello", timeout: float = 30.0,
     return httpx.post(f"{base}/v1/chat/completions", json=body, headers={"X-Session-Id": session}, timeout=timeout)
 
 
-def wait_for(predicate: Any, what: str, attempts: int = 600) -> None:
-    for _ in range(attempts):
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} never happened")
-
-
 def snapshot_sessions(db: Path) -> dict[str, Any]:
     con = sqlite3.connect(db)
     try:
@@ -88,14 +79,14 @@ def test_sigkill_mid_session_loses_nothing(tmp_path: Path) -> None:
                               json={"minutes": 30, "reason": "maintenance"}).status_code == 200
             # a turn after the last control action: its context reaches the db by the periodic snapshot only
             assert chat(base, "a", "a much longer second turn " * 20).status_code == 200
-            wait_for(lambda: snapshot_sessions(db).get("a", {}).get("turns") == 2, "session a's turn persisted")
+            wait_for(lambda: snapshot_sessions(db).get("a", {}).get("turns") == 2, 30, "session a's turn persisted", interval=0.05)
             before_state = httpx.get(f"{base}/state").json()
             before_sessions = {s["id"]: s for s in httpx.get(f"{base}/sessions").json()}
             before_audit = httpx.get(f"{base}/audit").json()
             # b is parked: its next turn is held when the sidecar dies
             with httpx.Client(timeout=30) as client, pytest.raises(httpx.HTTPError):
                 def kill_when_held() -> None:
-                    wait_for(lambda: httpx.get(f"{base}/state").json()["backlog"]["held_requests"] == 1, "b held")
+                    wait_for(lambda: httpx.get(f"{base}/state").json()["backlog"]["held_requests"] == 1, 30, "b held", interval=0.05)
                     os.killpg(proc.pid, signal.SIGKILL)
 
                 killer = threading.Thread(target=kill_when_held)
@@ -131,7 +122,7 @@ def test_sigkill_mid_session_loses_nothing(tmp_path: Path) -> None:
                     f"{base}/v1/chat/completions", headers={"X-Session-Id": "b"},
                     json={"model": "stub-model", "messages": [{"role": "user", "content": "b3"}]}).status_code))
                 t.start()
-                wait_for(lambda: httpx.get(f"{base}/state").json()["backlog"]["held_requests"] == 1, "b held again")
+                wait_for(lambda: httpx.get(f"{base}/state").json()["backlog"]["held_requests"] == 1, 30, "b held again", interval=0.05)
                 assert "status" not in result
                 assert httpx.post(f"{base}/control/sessions/b/unpark", headers=OP).status_code == 200
                 t.join(timeout=30)
@@ -147,7 +138,7 @@ def test_a_held_client_that_disconnects_keeps_its_place(tmp_path: Path) -> None:
         parked_since = httpx.get(f"{base}/sessions/p").json()["parked_since"]
         with pytest.raises(httpx.ReadTimeout):
             chat(base, "p", timeout=0.5)
-        wait_for(lambda: httpx.get(f"{base}/state").json()["backlog"]["held_requests"] == 0, "hold dropped")
+        wait_for(lambda: httpx.get(f"{base}/state").json()["backlog"]["held_requests"] == 0, 30, "hold dropped", interval=0.05)
         p = httpx.get(f"{base}/sessions/p").json()
         assert p["state"] == "parked" and p["manual"] and p["parked_since"] == parked_since and p["turns"] == 1
         metrics = httpx.get(f"{base}/metrics").text
@@ -229,7 +220,7 @@ def test_a_streaming_client_that_goes_away_midway_fails_only_its_turn(tmp_path: 
             first = next(r.iter_lines())
             assert first.startswith("data: ")
         # the client closed the stream after one event
-        wait_for(lambda: httpx.get(f"{base}/sessions/s").json()["in_flight"] == 0, "turn given back")
+        wait_for(lambda: httpx.get(f"{base}/sessions/s").json()["in_flight"] == 0, 30, "turn given back", interval=0.05)
         after = httpx.get(f"{base}/sessions/s").json()
         assert after["failed_turns"] == 1 and after["turns"] == before["turns"]
         assert after["context_tokens"] == before["context_tokens"]

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 
-from tests.support import REPO
-
 from .test_process import OPERATOR, sidecar_process, stub_engine
 
-SCHEMATHESIS = str(Path(REPO, ".venv", "bin", "schemathesis"))
+SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
 
 
 def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:

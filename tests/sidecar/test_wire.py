@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import pydantic
 import pytest
@@ -26,6 +26,12 @@ def assert_declared(model: type[pydantic.BaseModel], doc: Any, where: str = "") 
     assert not undeclared, f"{model.__name__}{where}: undeclared fields {sorted(undeclared)}"
     for name, field in model.model_fields.items():
         value = doc.get(name)
+        if get_origin(field.annotation) is dict and isinstance(value, dict):
+            inner = get_args(field.annotation)[1]
+            if isinstance(inner, type) and issubclass(inner, pydantic.BaseModel):
+                for key, item in value.items():
+                    assert_declared(inner, item, f"{where}.{name}[{key!r}]")
+            continue
         for arg in (field.annotation, *get_args(field.annotation)):
             if isinstance(arg, type) and issubclass(arg, pydantic.BaseModel) and isinstance(value, dict):
                 assert_declared(arg, value, f"{where}.{name}")

@@ -1,0 +1,251 @@
+"""The Budgeter page's forecast (issue 16 item 3): what the collectors know of one engine -> simulator inputs.
+
+Pure functions, no I/O, no clock (``now`` is passed in). They turn the rows the
+collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
+
+* ``start_sessions``: the sidecar's sessions as of its last ``/sessions``
+  (``admitted``, ``parked``, ``waiting``; any other state is left out) with
+  their context and the turns they have done.
+* ``shapes_from_turns``: the workload recorded over the last ``window_s``
+  (30 minutes) of the turn trace (``turns`` table, outcome ``ok`` only):
+
+  - a session *arrives* in the window when its first recorded turn is in the
+    window and no turn of it is recorded before the window (the caller passes
+    the rows since ``now - 2 * window_s``, so a session idle for less than a
+    window is not taken for a new one); ``arrival_rate`` = arrivals / window;
+  - ``first_prompts``: the prompt tokens of those arrivals' first turns;
+  - ``extras``: the new text of each later turn,
+    ``prompt[k+1] - prompt[k] - completion[k]`` (clipped at 0): a session's
+    next prompt is its context (prompt + completion of the turn before) plus
+    one of these;
+  - ``outputs``: completion tokens of every turn;
+  - ``gaps``: the tool gap before each later turn: its arrival at the sidecar
+    (``ts - latency_s - held_s``, ``ts`` being when a turn finished) minus the
+    finish of the turn before;
+  - ``session_turns``: the total turns of sessions that arrived in the window
+    and have left (not in ``present``): how long a session lasts;
+  - ``shared_prefix``: the median cached tokens of arrivals' first turns (what
+    a new session finds cached: the shared system prompt).
+* ``cost_from_fit``: the cost model of a ``simulator fit`` file (``fit.json``'s
+  ``set``); ``cost_from_latencies``: one estimated from the engine's recorded
+  latency signals, by least squares over the intervals of the window:
+  decode ``itl_p50 = T0 + gamma * requests_running * prompt_len_p50`` (``itl_p50`` taken as
+  ``(e2e_p50 - ttft_p50) / (output_len_p50 - 1)`` where the engine has no inter-token histogram) and
+  prefill ``ttft_p50 - queue_time_p50 - T0 = alpha * prompt_len_p50 * (1 -
+  engine_hit_ratio)`` (``beta`` = 0, no offload: not observable from these).
+
+Nothing here reads the simulator's own settings (a ``SimConfig`` or the
+simulated engine's flags): the engine is what the collectors saw, even when
+it is the simulator. What the collectors never see is named here once:
+``BLOCK_SIZE`` (vLLM's default, the collectors do not record it; a fit file
+carries the real one) and the scheduler limits (vLLM's defaults, as
+``EngineConfig``'s).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from core.budgeter import BudgeterConfig
+from simulator.config import CostModel, EngineConfig, SimConfigError
+from simulator.fit import least_squares
+
+WINDOW_S = 1800.0  # "what was recorded over the last 30 minutes"
+BLOCK_SIZE = 16  # vLLM's default; the collectors do not record the engine's block size
+START_STATES = ("admitted", "parked", "waiting")
+MIN_SAMPLES = 3  # latency intervals needed to estimate a cost model
+
+
+class ForecastError(ValueError):
+    """The collectors' data cannot make a forecast; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class StartSession:
+    id: str
+    state: str  # admitted | parked | waiting
+    context_tokens: int
+    turns_done: int
+    parked_for_s: float = 0.0  # how long it has been parked already
+    manual: bool = False
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The recorded workload; the run draws new sessions and turns from these (empirical distributions)."""
+
+    arrival_rate: float  # sessions/s
+    first_prompts: tuple[int, ...]
+    extras: tuple[int, ...]
+    outputs: tuple[int, ...]
+    gaps: tuple[float, ...]
+    session_turns: tuple[int, ...]
+    shared_prefix: int
+    turns_seen: int
+
+
+@dataclass(frozen=True)
+class ForecastInputs:
+    engine: EngineConfig
+    cost: CostModel
+    cost_source: str  # "fit" | "latencies"
+    sessions: tuple[StartSession, ...]
+    shapes: Shapes
+    output_budget: int  # what clients declare to the budgeter (the current config's default)
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0
+    return max(0, int(value))
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[StartSession, ...]:
+    """Session rows (``session_id``, ``state``, ``context_tokens``, ``turns``, ``manual``, ``pinned``, ``data``)."""
+    out = []
+    for r in rows:
+        if r.get("state") not in START_STATES:
+            continue
+        doc = r.get("data") if isinstance(r.get("data"), dict) else {}
+        since = _num(doc.get("parked_since")) if r["state"] == "parked" else None
+        out.append(StartSession(id=str(r["session_id"]), state=str(r["state"]),
+                                context_tokens=_int(r.get("context_tokens")), turns_done=_int(r.get("turns")),
+                                parked_for_s=max(0.0, now - since) if since is not None else 0.0,
+                                manual=bool(r.get("manual")), pinned=bool(r.get("pinned"))))
+    return tuple(sorted(out, key=lambda s: s.id))
+
+
+def shapes_from_turns(turns: Iterable[Mapping[str, Any]], now: float, present: Iterable[str] = (),
+                      window_s: float = WINDOW_S) -> Shapes:
+    """The workload of the turn rows (``ts``, ``session``, token counts, ``held_s``, ``latency_s``, ``outcome``)."""
+    start = now - window_s
+    by_session: dict[str, list[Mapping[str, Any]]] = {}
+    for t in turns:
+        ts = _num(t.get("ts"))
+        if t.get("outcome") != "ok" or not t.get("session") or ts is None or ts > now:
+            continue
+        by_session.setdefault(str(t["session"]), []).append(t)
+    present_ids = set(present)
+    first_prompts: list[int] = []
+    firsts_cached: list[int] = []
+    extras: list[int] = []
+    outputs: list[int] = []
+    gaps: list[float] = []
+    session_turns: list[int] = []
+    seen = 0
+    for sid in sorted(by_session):
+        rows = sorted(by_session[sid], key=lambda t: (t["ts"], t.get("id") or 0))
+        arrived = rows[0]["ts"] >= start
+        if arrived:
+            first_prompts.append(_int(rows[0].get("prompt_tokens")))
+            firsts_cached.append(_int(rows[0].get("cached_tokens")))
+            if sid not in present_ids:
+                session_turns.append(len(rows))
+        for i, t in enumerate(rows):
+            if t["ts"] < start:
+                continue
+            seen += 1
+            outputs.append(_int(t.get("completion_tokens")))
+            if i == 0:
+                continue
+            prev = rows[i - 1]
+            extras.append(max(0, _int(t.get("prompt_tokens")) - _int(prev.get("prompt_tokens"))
+                              - _int(prev.get("completion_tokens"))))
+            began = t["ts"] - (_num(t.get("latency_s")) or 0.0) - (_num(t.get("held_s")) or 0.0)
+            gaps.append(round(max(0.0, began - prev["ts"]), 6))
+    return Shapes(arrival_rate=len(first_prompts) / window_s, first_prompts=tuple(first_prompts),
+                  extras=tuple(extras), outputs=tuple(outputs), gaps=tuple(gaps),
+                  session_turns=tuple(session_turns),
+                  shared_prefix=int(statistics.median(firsts_cached)) if firsts_cached else 0, turns_seen=seen)
+
+
+_COST_KEYS = tuple(f.name for f in fields(CostModel))
+
+
+def cost_from_fit(values: Mapping[str, Any]) -> CostModel:
+    """The cost model of a fit file's ``set`` (keys of ``CostModel``; others, like the pool, are ignored)."""
+    known = {}
+    for k in _COST_KEYS:
+        if k in values:
+            try:
+                known[k] = float(values[k])
+            except (TypeError, ValueError):
+                raise ForecastError(f"fit: {k}={values[k]!r} is not a number") from None
+    if not known:
+        raise ForecastError(f"fit: no cost-model setting in it (expected some of {', '.join(_COST_KEYS)})")
+    try:
+        return CostModel(**{k: known.get(k, 0.0) for k in _COST_KEYS})
+    except SimConfigError as exc:
+        raise ForecastError(f"fit: {exc}") from None
+
+
+def cost_from_latencies(samples: Iterable[Mapping[str, Any]]) -> CostModel:
+    """A cost model estimated from per-interval engine signals (see the module doc)."""
+    decode_x: list[list[float]] = []
+    decode_y: list[float] = []
+    prefill: list[tuple[float, float]] = []  # (uncached tokens, seconds before decode)
+    for s in samples:
+        itl, running, plen = _num(s.get("itl_p50")), _num(s.get("requests_running")), _num(s.get("prompt_len_p50"))
+        e2e, first, olen = _num(s.get("e2e_p50")), _num(s.get("ttft_p50")), _num(s.get("output_len_p50"))
+        if itl is None and e2e is not None and first is not None and olen is not None and olen > 1:
+            itl = max(0.0, e2e - first) / (olen - 1)  # engines without an inter-token histogram
+        if itl is not None and running and plen:
+            decode_x.append([1.0, running * plen])
+            decode_y.append(itl)
+        ttft, hit = _num(s.get("ttft_p50")), _num(s.get("engine_hit_ratio"))
+        if ttft is not None and plen and hit is not None:
+            queue = _num(s.get("queue_time_p50")) or 0.0
+            prefill.append((plen * (1.0 - min(1.0, max(0.0, hit))), max(0.0, ttft - queue)))
+    if len(decode_y) < MIN_SAMPLES or len(prefill) < MIN_SAMPLES:
+        raise ForecastError(
+            f"no cost model: no fit file, and too few recorded latencies to estimate one ({len(decode_y)} intervals "
+            f"with itl_p50 (or e2e_p50, ttft_p50 and output_len_p50), requests_running and prompt_len_p50; {len(prefill)} with ttft_p50, prompt_len_p50 and "
+            f"engine_hit_ratio; need {MIN_SAMPLES} of each)")
+    if len({round(x[1]) for x in decode_x}) > 1:
+        t0, gamma = least_squares(decode_x, decode_y)
+    else:  # one load level: no slope to separate; all of it per context token
+        t0, gamma = 0.0, statistics.median(decode_y) / decode_x[0][1]
+    pre = [(n, max(0.0, y - t0)) for n, y in prefill if n > 0]
+    alpha = least_squares([[n] for n, _ in pre], [y for _, y in pre])[0] if pre else 0.0
+    return CostModel(step_overhead_s=t0, prefill_per_token_s=alpha, prefill_attention_s=0.0,
+                     decode_per_ctx_token_s=gamma, offload_load_per_token_s=0.0)
+
+
+def forecast_inputs(*, pool_tokens: Any, session_rows: Iterable[Mapping[str, Any]],
+                    turn_rows: Iterable[Mapping[str, Any]], latency_samples: Iterable[Mapping[str, Any]],
+                    fit: Mapping[str, Any] | None, current: BudgeterConfig, now: float,
+                    window_s: float = WINDOW_S) -> ForecastInputs:
+    """Everything a forecast runs on, from the collectors' rows only (``fit``: a fit file's ``set`` or None)."""
+    pool = _int(pool_tokens)
+    block = BLOCK_SIZE
+    if fit is not None and "block_size" in fit:
+        block = _int(float(fit["block_size"])) or BLOCK_SIZE
+    if pool < 4 * block:
+        raise ForecastError(f"the engine's KV pool size is unknown or too small ({pool_tokens!r} tokens): "
+                            "nothing to simulate against")
+    rows = list(session_rows)
+    sessions = start_sessions(rows, now)
+    shapes = shapes_from_turns(turn_rows, now, [str(r["session_id"]) for r in rows], window_s)
+    if shapes.turns_seen == 0 and not sessions:
+        raise ForecastError(f"no turns recorded in the last {window_s / 60:g} minutes and no sessions: "
+                            "no workload to draw from")
+    if not shapes.extras or not shapes.gaps or not shapes.outputs:
+        raise ForecastError(f"too few turns recorded in the last {window_s / 60:g} minutes "
+                            f"({shapes.turns_seen}) to draw turn sizes and tool gaps from")
+    if fit is not None:
+        cost, source = cost_from_fit(fit), "fit"
+    else:
+        cost, source = cost_from_latencies(latency_samples), "latencies"
+    return ForecastInputs(engine=EngineConfig(pool_tokens=pool, block_size=block), cost=cost, cost_source=source,
+                          sessions=sessions, shapes=shapes, output_budget=current.default_output_budget)

@@ -1,0 +1,220 @@
+"""Run a forecast: the engine's current sessions and the recorded workload, forward through the simulator.
+
+``run_forecast(inputs, config, minutes, seed)`` simulates ``minutes`` from now
+with the sidecar's budgeter (``core.budgeter``, the sidecar's own code) in
+``config``. Its inputs come from ``simulator.forecast`` (the collectors' rows
+only). The run:
+
+* *warm-up* (before t = 0, not counted): the admitted sessions' contexts are
+  prefilled once, so the cache holds what they last used, as far as the pool
+  allows; parked and waiting sessions start uncached;
+* *sessions as of now*: the budgeter starts with them in their states; each
+  asks for its next turn after a tool gap drawn from the recorded gaps (a
+  parked or waiting one is held until the budgeter admits it), and lasts a
+  total number of turns drawn from the recorded totals above the turns it has
+  done (one more turn when no recorded total is above);
+* *new sessions*: Poisson arrivals at the recorded rate, first prompt and
+  total turns drawn from the recorded ones;
+* each later turn's prompt is the context plus recorded new text
+  (``extras``), its answer a recorded completion size; every draw comes from a
+  per-session random stream seeded by ``seed``, so the same seed offers the
+  same sessions to every config.
+
+The summary: ``r_t`` (cached / prompt tokens of turns finished in the run),
+``r_t_last_5min``, ``turns_per_s``, ``p95_turn_latency_s`` (gate arrival to
+finish, holding included), ``parked_mean`` / ``parked_end`` / ``parked_max``,
+``parked_session_minutes`` (time parked summed over sessions) and
+``waiting_end``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.budgeter import Budgeter, BudgeterConfig
+from simulator.content import SegmentContent
+from simulator.engine import Engine, Request
+from simulator.forecast import ForecastInputs
+from simulator.loop import EventLoop
+
+Progress = Callable[[float], None]
+
+
+@dataclass(eq=False)
+class _Sess:
+    id: str
+    content: SegmentContent
+    rng: random.Random
+    context: int
+    left: int  # turns still to do
+    gated_at: float = 0.0
+    forwarded_at: float = 0.0
+    held: int | None = None  # prompt of a held turn
+
+
+@dataclass
+class _Acc:
+    n: int
+    turns: list[int] = field(default_factory=list)
+    prompt: list[int] = field(default_factory=list)
+    cached: list[int] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.turns, self.prompt, self.cached = [0] * self.n, [0] * self.n, [0] * self.n
+
+    def add(self, t: float, prompt: int, cached: int, latency: float) -> None:
+        s = min(self.n - 1, max(0, math.ceil(t) - 1))
+        self.turns[s] += 1
+        self.prompt[s] += prompt
+        self.cached[s] += cached
+        self.latencies.append(latency)
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def _content(shared: int, sid: str) -> SegmentContent:
+    segs: list[tuple[Any, int]] = [("sys", shared)] if shared > 0 else []
+    return SegmentContent([*segs, (("s", sid), 1 << 40)])
+
+
+def _total_turns(rng: random.Random, totals: tuple[int, ...], done: int) -> int:
+    above = [t for t in totals if t > done]
+    return rng.choice(above) - done if above else 1
+
+
+def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float, seed: int = 0,
+                 progress: Progress | None = None) -> dict[str, Any]:
+    """Simulate ``minutes`` under ``config``; returns ``{"summary": {...}, "series": {...}}`` (see the module doc)."""
+    sh = inputs.shapes
+    engine = Engine(inputs.engine, inputs.cost)
+    pool_tokens = inputs.engine.kv_cache_size_tokens
+    horizon = minutes * 60.0
+    n_sec = max(1, int(math.ceil(horizon)))
+
+    # warm-up: the admitted sessions' contexts, prefilled once
+    warm = [s for s in inputs.sessions if s.state == "admitted" and s.context_tokens > 0]
+    contents = {s.id: _content(sh.shared_prefix, s.id) for s in inputs.sessions}
+    for s in warm:
+        tokens = min(s.context_tokens, pool_tokens - inputs.engine.block_size)
+        engine.add_request(Request(id=f"warm-{s.id}", content=contents[s.id], prompt_tokens=max(1, tokens),
+                                   max_tokens=1, arrival=0.0, session=s.id))
+    while engine.running or engine.waiting:
+        engine.run_until(engine.now + 60.0)
+    t0 = engine.now
+    end = t0 + horizon
+
+    budgeter = Budgeter.from_dict({"config": config.to_dict(), "pool_tokens": pool_tokens, "sessions": [
+        {"id": s.id, "state": s.state, "arrived_at": t0, "admitted_at": t0 if s.state == "admitted" else None,
+         "context_tokens": s.context_tokens, "output_budget": inputs.output_budget if s.state != "admitted" else 0,
+         "turns": s.turns_done, "manual": s.manual, "pinned": s.pinned,
+         "parked_since": t0 - s.parked_for_s if s.state == "parked" else None, "last_activity": t0}
+        for s in inputs.sessions]})
+    acc = _Acc(n_sec)
+    sessions: dict[str, _Sess] = {}
+    parked: list[int] = []
+    waiting: list[int] = []
+
+    def forward(sess: _Sess, now: float, prompt: int) -> None:
+        out = sess.rng.choice(sh.outputs) or 1
+        sess.forwarded_at = now
+        engine.add_request(Request(id=f"{sess.id}-{sess.left}", content=sess.content, prompt_tokens=prompt,
+                                   max_tokens=out, arrival=now, session=sess.id, tag=sess))
+
+    def submit(now: float, sess: _Sess) -> None:
+        prompt = max(1, sess.context + sess.rng.choice(sh.extras))
+        sess.gated_at = now
+        if budgeter.request_turn(sess.id, now, prompt, inputs.output_budget) == "forward":
+            forward(sess, now, prompt)
+        else:
+            sess.held = prompt
+
+    def gap(sess: _Sess) -> float:
+        return sess.rng.choice(sh.gaps)
+
+    def on_finish(req: Request) -> None:
+        sess: _Sess = req.tag  # type: ignore[assignment]
+        now = req.finish_time or engine.now
+        if now <= t0 + horizon:
+            acc.add(now - t0, req.prompt_tokens, min(req.cached_tokens or 0, req.prompt_tokens), now - sess.gated_at)
+        budgeter.turn_finished(sess.id, now, req.prompt_tokens, req.output, latency_s=now - sess.forwarded_at)
+        sess.context = req.prompt_tokens + req.output
+        sess.left -= 1
+        if sess.left <= 0 or now > end:  # nothing after the horizon is counted: no next turn
+            budgeter.end_session(sess.id, now)
+            del sessions[sess.id]
+            return
+        loop.push(now + gap(sess), submit, sess)
+
+    def arrive(now: float, i: int) -> None:
+        sid = f"new-{i}"
+        rng = random.Random(f"{seed}-new-{i}")
+        sess = _Sess(sid, _content(sh.shared_prefix, sid), rng, 0,
+                     max(1, rng.choice(sh.session_turns)) if sh.session_turns else 1)
+        sessions[sid] = sess
+        sess.context = max(1, rng.choice(sh.first_prompts)) if sh.first_prompts else 1
+        sess.gated_at = now
+        prompt = sess.context
+        if budgeter.request_turn(sid, now, prompt, inputs.output_budget) == "forward":
+            forward(sess, now, prompt)
+        else:
+            sess.held = prompt
+
+    def tick(now: float, second: int) -> None:
+        for sid in budgeter.release(now):
+            sess = sessions.get(sid)
+            if sess is not None and sess.held is not None:
+                prompt, sess.held = sess.held, None
+                forward(sess, now, prompt)
+        counts = budgeter.counts()
+        parked.append(counts["parked"])
+        waiting.append(counts["waiting"])
+        if progress is not None and second % 30 == 0:
+            progress(second / n_sec)
+
+    loop = EventLoop(engine, on_finish)
+    for s in inputs.sessions:
+        rng = random.Random(f"{seed}-now-{s.id}")
+        sess = _Sess(s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done))
+        sessions[s.id] = sess
+        loop.push(t0 + gap(sess), submit, sess)
+    arr_rng = random.Random(f"{seed}-arrivals")
+    t, i = 0.0, 0
+    while sh.arrival_rate > 0 and sh.first_prompts:
+        t += arr_rng.expovariate(sh.arrival_rate)
+        if t >= horizon:
+            break
+        loop.push(t0 + t, arrive, i)
+        i += 1
+    for s in range(1, n_sec + 1):
+        loop.push(t0 + s, tick, s)
+    wall_s = loop.run()
+    if progress is not None:
+        progress(1.0)
+    last = max(0, n_sec - 300)
+    prompt, cached = sum(acc.prompt), sum(acc.cached)
+    prompt5, cached5 = sum(acc.prompt[last:]), sum(acc.cached[last:])
+    summary = {
+        "mode": config.mode, "low": config.low, "high": config.high, "minutes": minutes, "seed": seed,
+        "r_t": round(cached / prompt, 4) if prompt else None,
+        "r_t_last_5min": round(cached5 / prompt5, 4) if prompt5 else None,
+        "turns_per_s": round(sum(acc.turns) / horizon, 4) if horizon else None,
+        "p95_turn_latency_s": None if not acc.latencies else round(_p95(acc.latencies) or 0.0, 3),
+        "parked_mean": round(sum(parked) / len(parked), 2) if parked else 0.0,
+        "parked_end": parked[-1] if parked else 0, "parked_max": max(parked, default=0),
+        "parked_session_minutes": round(sum(parked) / 60.0, 1), "waiting_end": waiting[-1] if waiting else 0,
+        "sessions_at_start": len(inputs.sessions), "sessions_arrived": i, "warmup_s": round(t0, 2),
+        "wall_s": round(wall_s, 3),
+    }
+    return {"summary": summary, "series": {"turns": acc.turns, "prompt_tokens": acc.prompt,
+                                           "cached_tokens": acc.cached, "parked": parked, "waiting": waiting}}
+
