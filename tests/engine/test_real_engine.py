@@ -23,7 +23,7 @@ from realengine.serve import SERVED_MODEL_NAME
 from tests.engine.conftest import POOL_TOKENS
 from tests.support import PYTHON, REPO, running
 
-pytestmark = [pytest.mark.xdist_group("real-engine"), pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group(name="real-engine"), pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def words(rng: random.Random, n: int) -> str:
