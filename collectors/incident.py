@@ -14,8 +14,8 @@ fronting it, over ``[T1, T2]``:
   sections, and every budgeter change in the window (from the audit).
 
 T1 and T2 are RFC 3339 times (``2026-12-01T14:00:00Z``) or epoch seconds. Nothing secret is written:
-any key naming a token, password, secret, authorization, cookie or header(s) is dropped wherever it
-appears (`scrub`).
+any key naming a token (not a token count: ``prompt_tokens`` stays), password, secret, authorization,
+cookie or header(s) is dropped wherever it appears (`scrub`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from db import queries
 from db.models import Sample, Series
 
 FORMAT = "prefixops-incident/1"
-SECRET_KEY = re.compile(r"token|password|passphrase|secret|authorization|cookie|^headers?$|api[_-]?key", re.I)
+# "token" but not "tokens" (prompt_tokens, pool_tokens, ... are counts, not secrets)
+SECRET_KEY = re.compile(r"token(?!s)|password|passphrase|secret|authorization|cookie|^headers?$|api[_-]?key", re.I)
 
 
 class IncidentError(ValueError):
@@ -123,7 +124,8 @@ def bundle(conn: Connection, engine: str, start: float, end: float, now: float |
         "turns": queries.turns(conn, target_id=sidecar_ids, start_ts=start, end_ts=end) if sidecar_ids else [],
         "settings": settings,
     }
-    return scrub(doc)
+    scrubbed: dict[str, Any] = scrub(doc)
+    return scrubbed
 
 
 def write_bundle(doc: dict[str, Any], out: str | Path) -> Path:

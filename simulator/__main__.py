@@ -1,4 +1,4 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval}``; ``--help``
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,replay}``; ``--help``
 on each."""
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
      "simulator.live_run", "add_arguments", "live_run_command"),
     ("fit", "probe a real engine and fit the cost model and pool (fit.json)",
      "simulator.fit", "add_fit_arguments", "fit_command"),
+    ("replay", "what would have happened had the control switched at T, from an incident bundle",
+     "simulator.replay", "add_arguments", "command"),
     ("warning-eval", "lead time and false alarms of the collapse-risk warning across the tipping point",
      "simulator.warning_eval", "add_arguments", "command"),
 ]

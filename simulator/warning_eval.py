@@ -21,6 +21,9 @@ Definitions (issue 15):
   the onset; *lead* = onset - first firing;
 * *false alarm run*: a firing before the onset (any firing in a run without one) that is not
   followed by an onset within ``FALSE_ALARM_S``.
+
+Each run is judged over its first ``--minutes`` and simulated ``FALSE_ALARM_S`` longer (the follow-up),
+so a warning near the end is judged on what followed it (`judge`).
 """
 
 from __future__ import annotations
@@ -164,18 +167,28 @@ def firings(points: Iterator[tuple[float, dict[str, float]]], mode: str) -> dict
 
 
 def judge(index: int, seed: int, minutes: float) -> dict[str, Any]:
-    """One run: its plan, verdict, onset and the alerts' firing times per input set."""
+    """One run: its plan, verdict, onset and the alerts' firing times per input set.
+
+    The run is simulated ``FALSE_ALARM_S`` beyond ``minutes`` (the follow-up): warnings and onsets are
+    judged within ``minutes``, and the follow-up only tells whether a late warning was followed by an
+    onset within ``FALSE_ALARM_S`` (without it, every warning in the last 10 minutes would be judged
+    against a run that stopped)."""
     scenario, overrides = run_plan(index, seed)
-    result = run_scenario(scenario, "off", seed, minutes, overrides)
+    horizon = minutes + FALSE_ALARM_S / 60.0
+    result = run_scenario(scenario, "off", seed, horizon, overrides)
     s = result["series"]
     degraded = [m for m in runs.degraded_minutes(s["prompt_tokens"], s["cached_tokens"], s["sessions_in_system"],
-                                                 minutes) if m >= runs.WINDOW_MIN]
+                                                 horizon) if m >= runs.WINDOW_MIN]
     onset = onset_s(s["prompt_tokens"], s["cached_tokens"], degraded[0]) if degraded else None
     points = signal_points(result)
+    observed = minutes * 60.0
     out: dict[str, Any] = {"index": index, "seed": seed, "scenario": scenario, "overrides": overrides,
-                           "first_degraded_min": degraded[0] if degraded else None, "onset_s": onset}
+                           "first_degraded_min": degraded[0] if degraded else None,
+                           "onset_s": onset if onset is not None and onset <= observed else None,
+                           "onset_in_follow_up_s": onset if onset is not None and onset > observed else None}
     for mode in MODES:
-        out[mode] = firings(points[mode], mode)
+        fired = firings(points[mode], mode)
+        out[mode] = {rule: [t for t in times if t <= observed] for rule, times in fired.items()}
     return out
 
 
@@ -199,8 +212,9 @@ def summarize(results: list[dict[str, Any]], mode: str, rule: str = "collapse-ri
                 warned += 1
         if onset is not None and (not fired or onset - fired[0] < LEAD_S[mode]):
             unwarned.append(r["seed"])
-        early = [t for t in fired if onset is None or t < onset]
-        if any(onset is None or onset - t > FALSE_ALARM_S for t in early):
+        later = onset if onset is not None else r.get("onset_in_follow_up_s")
+        early = [t for t in fired if later is None or t < later]
+        if any(later is None or later - t > FALSE_ALARM_S for t in early):
             false_alarms += 1
     return {
         "runs": len(results), "degraded_runs": len(degraded), "warned_before_degraded": warned,
@@ -231,7 +245,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=24, help="runs (scenarios in turn, seeds seed-base..)")
     p.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE,
                    help="first seed (the default is not one of the tuning bases, docs/collapse-risk.md)")
-    p.add_argument("--minutes", type=float, default=45.0, help="simulated minutes per run")
+    p.add_argument("--minutes", type=float, default=45.0,
+                   help="simulated minutes judged per run (each run is simulated 10 minutes longer, the follow-up)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--out", required=True, type=Path, help="directory for warning.json and warning.md")
 

@@ -7,13 +7,16 @@
     ``risk_for_s`` of the condition and resolves after ``risk_clear_s`` of the exit condition. No data
     for any input: not judged. The alert's values are the score and the leading inputs' values; its
     summary names them (what to check: docs/runbook.md#collapse-risk). Defaults come from
-    `core.risk.RiskSettings` (``warn_*``).
+    `core.risk.RiskSettings` (``warn_*``); ``risk_prefill_capacity_tokens_per_s`` sets the model's
+    prefill capacity (the engine's uncached prefill rate; the model's other parameters are its defaults).
 
 Each judgement's `core.risk.Assessment` is kept in the rule's scratch (``"assessment"``) so the
 collectors can store the score and every input's contribution as signals (`AlertEvaluator.risk_of`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from core import risk
 
@@ -28,11 +31,14 @@ def collapse_risk_condition(ctx: RuleContext) -> Condition:
     if history is None:
         return Condition(None)
     mode: risk.Mode = "engine" if ctx.bare_engine else "sidecar"
-    assessment = risk.assess(history.points, ctx.now, mode, MODEL)
+    s = ctx.settings
+    model = MODEL
+    if s.risk_prefill_capacity_tokens_per_s != MODEL.prefill_capacity_tokens_per_s:
+        model = replace(MODEL, prefill_capacity_tokens_per_s=s.risk_prefill_capacity_tokens_per_s)
+    assessment = risk.assess(history.points, ctx.now, mode, model)
     ctx.scratch["assessment"] = assessment
     if assessment.score is None:
         return Condition(None)
-    s = ctx.settings
     values: dict[str, float | None] = {"score": assessment.score}
     values.update({i.name: i.value for i in assessment.leading(3)})
     summary = (f"{assessment.summary()}. Collapse is likely within minutes unless demand comes down: park "

@@ -57,6 +57,7 @@ class AlertSettings:
     risk_exit: float = _RISK.warn_exit
     risk_for_s: float = _RISK.warn_for_s
     risk_clear_s: float = _RISK.warn_clear_s
+    risk_prefill_capacity_tokens_per_s: float = _RISK.prefill_capacity_tokens_per_s
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -84,6 +85,9 @@ class AlertSettings:
         if self.risk_exit >= self.risk_enter or self.risk_enter > 1:
             raise ValueError("risk_exit must be below risk_enter (hysteresis) and risk_enter at most 1, "
                              f"got {self.risk_exit} and {self.risk_enter}")
+        if self.risk_prefill_capacity_tokens_per_s <= 0:
+            raise ValueError("risk_prefill_capacity_tokens_per_s must be positive, "
+                             f"got {self.risk_prefill_capacity_tokens_per_s}")
         if self.admission_wait_s <= 0:
             raise ValueError(f"admission_wait_s must be positive, got {self.admission_wait_s}")
         if not 0 < self.admission_wait_exit_fraction < 1:

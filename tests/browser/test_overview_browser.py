@@ -17,7 +17,7 @@ from tests.support import PYTHON, free_port, running
 
 pytestmark = pytest.mark.browser
 
-NAV_LABELS = ["Overview", "Engine", "Sessions", "Budgeter", "Compaction", "Alerts", "Audit"]
+NAV_LABELS = ["Overview", "Engine", "Sessions", "Budgeter", "Compaction", "Alerts", "Audit", "Incident"]
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def test_export_then_open_a_gzip_bundle(filled: tuple[str, float], tmp_path: Pat
     assert {a["rule"] for a in doc["alerts"]} >= {"collapse", "thin-reuse"}
     assert "target-down" not in {a["rule"] for a in doc["alerts"]}  # engine c's
     assert doc["turns"] and all(start <= t["ts"] < end for t in doc["turns"])
+    assert all(t["prompt_tokens"] > 0 and "cached_tokens" in t for t in doc["turns"])  # counts are no secrets
     assert doc["decisions"] and doc["settings"]["sidecars"]
     text = gzip.decompress(raw).decode()
     assert "webhook.add" in text and "http://hook" in text and "s3cret" not in text
@@ -73,6 +74,6 @@ def test_rfc3339_times_plain_json_and_errors(filled: tuple[str, float], tmp_path
 
 
 def test_scrub_drops_every_secret_key() -> None:
-    doc = {"a": 1, "viewer_token": "x", "nested": [{"Authorization": "Bearer y", "headers": {"X": "1"},
+    doc = {"a": 1, "viewer_token": "x", "prompt_tokens": 5, "Token": "t", "nested": [{"Authorization": "Bearer y", "headers": {"X": "1"},
                                                      "password_hash": "z", "keep": 2}]}
-    assert scrub(doc) == {"a": 1, "nested": [{"keep": 2}]}
+    assert scrub(doc) == {"a": 1, "prompt_tokens": 5, "nested": [{"keep": 2}]}

@@ -159,3 +159,27 @@ def test_mode_for_and_the_signal_vocabulary():
     assert risk.mode_for([sig.KV_USAGE]) == "engine"
     assert set(risk.SIGNAL_OF_INPUT.values()) == set(sig.RISK_INPUT_SIGNALS)
     assert sig.COLLAPSE_RISK in sig.ALL_SIGNALS and all(s in sig.ALL_SIGNALS for s in sig.RISK_INPUT_SIGNALS)
+
+
+def test_the_docs_tables_match_the_defaults():
+    """docs/collapse-risk.md restates each input's ramp and weight: it must not drift from RiskSettings."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "collapse-risk.md").read_text()
+    d = RiskSettings()
+    ramps = {"kv_demand": (d.demand_lo, d.demand_hi), "demand_trend": (d.demand_growth_lo, d.demand_growth_hi),
+             "session_flow": (d.flow_lo, d.flow_hi), "missed_prefill": (d.missed_lo, d.missed_hi),
+             "rt_trend": (d.drop_lo, d.drop_hi), "kv_usage": (d.kv_lo, d.kv_hi), "queue": (d.queue_lo, d.queue_hi),
+             "queue_growth": (d.queue_growth_lo, d.queue_growth_hi), "preemptions": (d.preempt_lo, d.preempt_hi),
+             "hit_trend": (d.drop_lo, d.drop_hi), "throughput": (d.drop_lo, d.drop_hi)}
+    for name, (lo, hi) in ramps.items():
+        rows = re.findall(rf"^\| `{name}` \|.*$", text, flags=re.M)
+        assert rows, f"docs/collapse-risk.md has no row for {name}"
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[-1] == f"{d.weight(name):g}", (name, cells[-1])
+            numbers = [float(x) for x in re.findall(r"\d+(?:\.\d+)?", cells[-2].replace(" ", ""))]
+            assert numbers[:2] == [lo, hi], (name, cells[-2])
+    assert f"score is ≥ {d.warn_enter:g} and fires after {d.warn_for_s:g} s" in text
+    assert f"score < {d.warn_exit:g} (hysteresis) held for {d.warn_clear_s:g} s" in text

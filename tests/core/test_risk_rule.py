@@ -97,3 +97,21 @@ def test_collapse_inhibits_collapse_risk():
         out += [x for x in ev.evaluate_target(URL, t, role="sidecar") if x.rule == "collapse-risk"]
     assert out == []  # held by its tracker, not published while collapse fires
     assert ev.trackers[("collapse-risk", key)].firing
+
+
+def test_the_prefill_capacity_is_a_setting_of_the_fleet():
+    # a bare engine missing 6000 prompt tokens/s: 0.6 of the default 10000 tokens/s, 1.5x a 4000 tokens/s engine's
+    def run(settings):
+        ev = AlertEvaluator(settings)
+        for t in range(1, 40):
+            ev.observe(("http://e", "0"), float(t), {sig.PROMPT_TOKENS_PER_S: 8000.0, sig.CACHED_TOKENS_PER_S: 2000.0,
+                                                    sig.KV_USAGE: 0.8})
+            ev.evaluate_target("http://e", float(t), role="engine", engine_labels=("0",))
+        return ev.risk_of("http://e")[("http://e", "0")]
+    default = run(AlertSettings())
+    small = run(AlertSettings(risk_prefill_capacity_tokens_per_s=4000))
+    x = {i.name: i for i in default.inputs}
+    y = {i.name: i for i in small.inputs}
+    assert x["missed_prefill"].value == pytest.approx(0.6) and y["missed_prefill"].value == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="risk_prefill_capacity_tokens_per_s must be positive, got 0"):
+        AlertSettings(risk_prefill_capacity_tokens_per_s=0)

@@ -1,0 +1,123 @@
+"""``python -m simulator replay FILE --control MODE --at T`` (issue 16 item 4): "what would have happened had
+we switched to MODE at T", from an incident bundle (``python -m collectors export-incident``).
+
+Inputs come from the bundle only (never the simulator's own settings), through `simulator.forecast`:
+
+- the engine: its KV pool (the newest ``pool_tokens`` sample at or before T) and a cost model
+  estimated from its recorded latency signals (`simulator.forecast.cost_from_latencies`);
+- the sessions in the system at T: those with a recorded turn before T (within ``IDLE_S``) and one
+  after it, as admitted sessions with their context (prompt + completion of their last turn before T)
+  and the turns done;
+- the workload: turn sizes, tool gaps and arrivals of the 30 minutes of turns before T
+  (`simulator.forecast.shapes_from_turns`).
+
+It then simulates from T to the bundle's end (or ``--minutes``) with the sidecar's budgeter in MODE
+(`simulator.forecast_run.run_forecast`), and judges the run like ``simulator run`` (`core.runs.judge_run`,
+the control starting at minute 0): the same summary fields (collapsed, recovered, minutes_to_recover,
+end_hit_ratio, degraded_at, end_turns_per_s, ...) plus the forecast's (r_t, parked, p95 latency), and
+what the bundle recorded after T (``recorded_r_t``) to compare with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from collectors.incident import IncidentError, parse_time, read_bundle
+from core.budgeter import CONTROLS, BudgeterConfig
+from core.runs import judge_run
+from simulator.config import EngineConfig, SimConfigError
+from simulator.forecast import (
+    BLOCK_SIZE,
+    ForecastError,
+    ForecastInputs,
+    cost_from_latencies,
+    shapes_from_turns,
+    start_sessions,
+)
+from simulator.forecast_run import run_forecast
+
+IDLE_S = 600.0  # the sidecar's default idle timeout: a session quiet longer than this had ended
+
+
+def _signal_rows(doc: Mapping[str, Any], role: str, until: float) -> list[dict[str, Any]]:
+    """Per-timestamp dicts of the ``role`` targets' signals at or before ``until`` (ranks summed or averaged
+    as they come: the last value per signal and time)."""
+    urls = {t["url"] for t in doc["targets"] if t["role"] == role}
+    by_ts: dict[float, dict[str, Any]] = {}
+    for s in doc["series"]:
+        if s["target"] not in urls:
+            continue
+        for ts, value in zip(s["ts"], s["value"], strict=True):
+            if ts <= until:
+                by_ts.setdefault(ts, {"ts": ts})[s["signal"]] = value
+    return [by_ts[t] for t in sorted(by_ts)]
+
+
+def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> ForecastInputs:
+    side = _signal_rows(doc, "sidecar", at)
+    eng = _signal_rows(doc, "engine", at)
+    pools = [r["pool_tokens"] for r in side + eng if r.get("pool_tokens")]
+    if not pools:
+        raise ForecastError("the bundle has no pool_tokens sample before --at: the engine's KV pool is unknown")
+    turns = [dict(t, session=t.get("session_id")) for t in doc.get("turns", []) if t.get("outcome") == "ok"]
+    before = [t for t in turns if t["ts"] <= at]
+    after_ids = {t["session_id"] for t in turns if t["ts"] > at}
+    last: dict[str, dict[str, Any]] = {}
+    count: dict[str, int] = {}
+    for t in before:
+        if t["session_id"] is not None:
+            last[t["session_id"]] = t
+            count[t["session_id"]] = count.get(t["session_id"], 0) + 1
+    rows = [{"session_id": sid, "state": "admitted", "turns": count[sid],
+             "context_tokens": (t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0)}
+            for sid, t in last.items() if sid in after_ids and at - t["ts"] <= IDLE_S]
+    sessions = start_sessions(rows, at)
+    shapes = shapes_from_turns(before, at, [r["session_id"] for r in rows])
+    if not shapes.extras or not shapes.gaps or not shapes.outputs:
+        raise ForecastError(f"too few turns before --at in the bundle ({shapes.turns_seen}) to draw turn sizes and "
+                            "tool gaps from")
+    return ForecastInputs(engine=EngineConfig(pool_tokens=int(pools[-1]), block_size=BLOCK_SIZE),
+                          cost=cost_from_latencies(eng), cost_source="latencies", sessions=sessions, shapes=shapes,
+                          output_budget=config.default_output_budget)
+
+
+def replay(doc: Mapping[str, Any], control: str, at: float, minutes: float | None = None,
+           seed: int = 0) -> dict[str, Any]:
+    if not doc["from"] <= at < doc["to"]:
+        raise ForecastError(f"--at {at} is outside the bundle's range [{doc['from']}, {doc['to']})")
+    config = BudgeterConfig(mode=control)
+    minutes = (doc["to"] - at) / 60.0 if minutes is None else minutes
+    inputs = replay_inputs(doc, at, config)
+    result = run_forecast(inputs, config, minutes, seed)
+    s = result["series"]
+    in_system = [1.0] * len(s["turns"])  # sessions are offered work throughout
+    verdict = judge_run(s["prompt_tokens"], s["cached_tokens"], s["turns"], in_system, control_start_min=0.0,
+                        minutes=minutes).as_dict()
+    recorded = [t for t in doc.get("turns", []) if at < t["ts"] <= at + minutes * 60 and t.get("outcome") == "ok"
+                and t.get("cached_tokens") is not None]
+    prompt = sum(t["prompt_tokens"] or 0 for t in recorded)
+    summary = {**verdict, **result["summary"], "control": control, "at": at, "engine": doc["engine"],
+               "cost_source": inputs.cost_source,
+               "recorded_r_t": round(sum(t["cached_tokens"] for t in recorded) / prompt, 4) if prompt else None}
+    return {"summary": summary, "series": s}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="an incident bundle (python -m collectors export-incident)")
+    p.add_argument("--control", required=True, choices=CONTROLS, help="the control mode switched to at --at")
+    p.add_argument("--at", required=True, metavar="T", help="when: RFC 3339 or epoch seconds, inside the bundle")
+    p.add_argument("--minutes", type=float, default=None, help="how long to simulate (default: to the bundle's end)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def command(args: argparse.Namespace) -> int:
+    try:
+        doc = read_bundle(args.file)
+        result = replay(doc, args.control, parse_time(args.at, "--at"), args.minutes, args.seed)
+    except (IncidentError, ForecastError) as exc:
+        raise SimConfigError(str(exc)) from None
+    print(json.dumps(result["summary"], sort_keys=True))
+    return 0
