@@ -36,15 +36,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from simulator.content import WORDS
+
 REPO = Path(__file__).resolve().parent.parent
 LOCK_FILE = REPO / "scripts" / "engine" / "requirements.lock"
 MODEL_SCRIPT = Path(__file__).resolve().parent / "model.py"
 BROKEN_WITH_THIS_TORCH = ("torchvision", "torchaudio", "torchcodec")
 INSTALLED_MARKER = ".prefixops-installed"
-# Filler words of the live runs: one token each in the tiny model's tokenizer (checked when it is built).
-FILLER_WORDS = ("alpha", "build", "commit", "diff", "error", "fix", "grep", "hash", "index", "json", "kernel",
-                "lint", "merge", "node", "output", "patch", "query", "repo", "stack", "test", "unit", "value",
-                "write", "yaml")
+# Filler words of the live runs (simulator.content.WORDS): one token each in the tiny model's tokenizer
+# (checked when it is built).
+FILLER_WORDS = WORDS
 
 
 class EngineEnvError(RuntimeError):

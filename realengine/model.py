@@ -29,7 +29,7 @@ import json
 import sys
 from pathlib import Path
 
-# The live runs (simulator/live_run.py) build prompts from these words; keep in sync via realengine.FILLER_WORDS.
+# The live runs (simulator/live_run.py) build prompts from these words; one list: simulator.content.WORDS.
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 

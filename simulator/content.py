@@ -55,6 +55,15 @@ def filler(rng: random.Random, tokens: int) -> str:
     return "".join(parts)[:width]
 
 
+def words(rng: random.Random, n: int) -> str:
+    """``n`` space-separated words of `WORDS`, drawn by ``rng``: text for a *real* engine.
+
+    The real engine's tiny tokenizer (``realengine``) is trained so that each of these words is one
+    token, so ``n`` is the text's token count there (live runs, the cost-model fit, its tests).
+    """
+    return " ".join(rng.choice(WORDS) for _ in range(max(0, n)))
+
+
 def tokenize(text: str) -> list[int]:
     """Deterministic, prefix-stable token ids: token j depends only on characters [4j, 4j+4)."""
     ids = []

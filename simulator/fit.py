@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 
 from simulator.config import SimConfigError
+from simulator.content import words
 
 # Workloads scaled to the real CPU engine (docs/real-engine.md): minutes of wall time instead of 90
 # simulated minutes, a 20480-token pool, contexts within the tiny model's 16K.
@@ -86,12 +87,6 @@ def least_squares(xs: list[list[float]], ys: list[float]) -> list[float]:
     return [max(0.0, m[i][n] / m[i][i]) if abs(m[i][i]) > 1e-30 else 0.0 for i in range(n)]
 
 
-def _words(rng: random.Random, n: int) -> str:
-    from realengine.env import FILLER_WORDS
-
-    return " ".join(rng.choice(FILLER_WORDS) for _ in range(n))
-
-
 class Prober:
     def __init__(self, engine: str, model: str | None, rng: random.Random) -> None:
         self.engine = engine.rstrip("/")
@@ -104,7 +99,7 @@ class Prober:
 
     def prompt(self, n: int) -> list[dict[str, str]]:
         nonce = " ".join(str(self.rng.random()) for _ in range(2))
-        return [{"role": "user", "content": f"{nonce} " + _words(self.rng, n)}]
+        return [{"role": "user", "content": f"{nonce} " + words(self.rng, n)}]
 
     async def prefill(self, client: httpx.AsyncClient, n: int) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -9,7 +9,7 @@ writes ``run.json`` with the series and summary fields of ``simulator run``,
 judged by the same ``core.runs.judge_run``.
 
 Token sizes: prompts are built from filler words that the project's tiny model
-tokenizes as one token each (``realengine.env.FILLER_WORDS``); the turn's real
+tokenizes as one token each (``simulator.content.WORDS``); the turn's real
 prompt size is what the engine reports in ``usage`` and that is what is
 recorded. Turn k's messages are the whole previous turn, the model's answer,
 and ``context_growth - output_tokens`` new words, like the simulator's session.
@@ -44,6 +44,7 @@ import httpx
 from core.runs import judge_run, window_ratio
 from simulator.agent import CONTROLS, SERIES_FIELDS
 from simulator.config import AgentWorkload, SimConfig, SimConfigError, apply_overrides, parse_set_args
+from simulator.content import words
 from simulator.offline import scenario_config
 
 log = logging.getLogger("simulator.live_run")
@@ -84,9 +85,7 @@ def tool_latency(rng: random.Random, a: AgentWorkload) -> float:
 
 
 def filler(rng: random.Random, n: int) -> str:
-    from realengine.env import FILLER_WORDS
-
-    return " ".join(rng.choice(FILLER_WORDS) for _ in range(max(1, n)))
+    return words(rng, max(1, n))
 
 
 @dataclass

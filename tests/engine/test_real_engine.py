@@ -18,16 +18,12 @@ import httpx
 import pytest
 
 from core.engine_metrics import parse_engine_metrics
-from realengine.env import FILLER_WORDS
 from realengine.serve import SERVED_MODEL_NAME
+from simulator.content import words
 from tests.engine.conftest import POOL_TOKENS
 from tests.support import PYTHON, REPO, running
 
 pytestmark = [pytest.mark.xdist_group(name="real-engine"), pytest.mark.timeout(900), pytest.mark.slow]
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(FILLER_WORDS) for _ in range(n))
 
 
 def engine_counters(url: str):
