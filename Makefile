@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint bench clean engine
+.PHONY: demo test test-fast lint format bench clean engine
 
 $(VENV)/bin/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "PrefixOps needs Python 3.11, got " + sys.version'
@@ -39,7 +39,12 @@ engine:
 
 lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+format: $(VENV)/.dev-installed
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 clean:
 	rm -rf $(VENV) data artifacts .pytest_cache .ruff_cache .mypy_cache .hypothesis

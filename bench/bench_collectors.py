@@ -36,8 +36,14 @@ if str(REPO) not in sys.path:
 
 FIXTURE = REPO / "tests" / "fixtures" / "engine-metrics" / "vllm-0.33.0-statlogger.prom"
 PY = sys.executable
-ENGINE_VIEW = ["engine_hit_ratio", "kv_usage", "requests_running", "requests_waiting", "prompt_tokens_per_s",
-               "ttft_p90"]
+ENGINE_VIEW = [
+    "engine_hit_ratio",
+    "kv_usage",
+    "requests_running",
+    "requests_waiting",
+    "prompt_tokens_per_s",
+    "ttft_p90",
+]
 
 
 def median_ms(samples: list[float]) -> float:
@@ -75,7 +81,9 @@ def bench_parse_store(runs: int, scrapes: int) -> dict:
         urls = [f"http://e{i}:8000" for i in range(200)]
         store = Store(db)
         store.sync_targets(CollectorConfig(engines=tuple(EngineTarget(u) for u in urls)))
-        scrapers = [EngineScraper(EngineTarget(u), interval_s=1, timeout_s=1, max_page_bytes=10**7) for u in urls]
+        scrapers = [
+            EngineScraper(EngineTarget(u), interval_s=1, timeout_s=1, max_page_bytes=10**7) for u in urls
+        ]
         ts = 1_800_000_000.0
         store.write([s.ingest_text(text, ts) for s in scrapers])  # series exist, like a running collector
         for r in range(max(1, scrapes // 100)):
@@ -84,7 +92,9 @@ def bench_parse_store(runs: int, scrapes: int) -> dict:
             for i in range(20):
                 ts += 1.0
                 t0 = time.perf_counter()
-                store.write([scrapers[0].ingest_text(text.replace("25477.0", f"{25477 + 1000 * (r * 20 + i)}.0"), ts)])
+                store.write(
+                    [scrapers[0].ingest_text(text.replace("25477.0", f"{25477 + 1000 * (r * 20 + i)}.0"), ts)]
+                )
                 times.append(time.perf_counter() - t0)
             single.append(statistics.median(times))
             # ... and 200 targets' scrapes per transaction (the writer under load).
@@ -98,15 +108,19 @@ def bench_parse_store(runs: int, scrapes: int) -> dict:
             batch_write.append((t2 - t1) / len(scrapers))
         db.dispose()
     batched = [p + w for p, w in zip(batch_parse, batch_write, strict=True)]
-    return {"parse_full_page_ms": median_ms(full), "parse_filtered_ms": median_ms(filtered),
-            "parse_store_single_ms": median_ms(single), "parse_store_batched_ms": median_ms(batched),
-            "store_batched_ms": median_ms(batch_write)}
+    return {
+        "parse_full_page_ms": median_ms(full),
+        "parse_filtered_ms": median_ms(filtered),
+        "parse_store_single_ms": median_ms(single),
+        "parse_store_batched_ms": median_ms(batched),
+        "store_batched_ms": median_ms(batch_write),
+    }
 
 
 # ------------------------------------------------------------------ 2. fleet
 
 
-FLEET_SERVER = r'''
+FLEET_SERVER = r"""
 import asyncio, os, sys
 text = open(sys.argv[1]).read()
 port = int(sys.argv[2])
@@ -133,7 +147,7 @@ async def main():
     async with server:
         await server.serve_forever()
 asyncio.run(main())
-'''
+"""
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -155,31 +169,52 @@ def bench_fleet(n: int, seconds: float, warmup: float = 8.0) -> dict:
     cpus = sorted(os.sched_getaffinity(0))
     collector_cpu = {cpus[0]}
     server_cpus = set(cpus[1:]) or {cpus[0]}
-    server = subprocess.Popen([PY, str(server_py), str(FIXTURE), str(port)], stdout=subprocess.PIPE,
-                              preexec_fn=lambda: os.sched_setaffinity(0, server_cpus))
+    server = subprocess.Popen(
+        [PY, str(server_py), str(FIXTURE), str(port)],
+        stdout=subprocess.PIPE,
+        preexec_fn=lambda: os.sched_setaffinity(0, server_cpus),
+    )
     assert server.stdout is not None and server.stdout.readline().strip() == b"ready"
     config = tmp / "fleet.toml"
-    config.write_text("[collector]\ninterval_s = 1.0\ntimeout_s = 2.0\n\n" + "".join(
-        f'[[engines]]\nurl = "http://127.0.0.1:{port}/e{i}"\nkind = "vllm"\n\n' for i in range(n)))
+    config.write_text(
+        "[collector]\ninterval_s = 1.0\ntimeout_s = 2.0\n\n"
+        + "".join(f'[[engines]]\nurl = "http://127.0.0.1:{port}/e{i}"\nkind = "vllm"\n\n' for i in range(n))
+    )
     db_url = f"sqlite:///{tmp / 'fleet.db'}"
     log = open(tmp / "collector.log", "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen([PY, "-m", "collectors", "--config", str(config), "--database-url", db_url,
-                             "--log-level", "WARNING"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=lambda: os.sched_setaffinity(0, collector_cpu))
+    proc = subprocess.Popen(
+        [PY, "-m", "collectors", "--config", str(config), "--database-url", db_url, "--log-level", "WARNING"],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: os.sched_setaffinity(0, collector_cpu),
+    )
     try:
         time.sleep(warmup)
         db = make_engine(db_url, read_only=True)
 
         def scrapes() -> int:
             with db.connect() as conn:
-                return conn.execute(select(func.count()).select_from(Sample).join(Series, Series.id == Sample.series_id)
-                                    .where(Series.signal == "up")).scalar()
+                return conn.execute(
+                    select(func.count())
+                    .select_from(Sample)
+                    .join(Series, Series.id == Sample.series_id)
+                    .where(Series.signal == "up")
+                ).scalar()
 
         c0, s0, t0 = _cpu_seconds(proc.pid), scrapes(), time.monotonic()
         time.sleep(seconds)
         c1, s1, t1 = _cpu_seconds(proc.pid), scrapes(), time.monotonic()
-        rss_mb = int(next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                          if line.startswith("VmRSS:"))) / 1024
+        rss_mb = (
+            int(
+                next(
+                    line.split()[1]
+                    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                    if line.startswith("VmRSS:")
+                )
+            )
+            / 1024
+        )
         db.dispose()
     finally:
         proc.terminate()
@@ -190,12 +225,17 @@ def bench_fleet(n: int, seconds: float, warmup: float = 8.0) -> dict:
     elapsed = t1 - t0
     rate = (s1 - s0) / elapsed
     cpu_share = (c1 - c0) / elapsed
-    return {"engines": n, "scrapes_per_s": round(rate, 1), "target_scrapes_per_s": n,
-            "achieved_fraction": round(rate / n, 3), "collector_cpu_share": round(cpu_share, 3),
-            "cpu_ms_per_scrape": round(1000 * (c1 - c0) / max(1, s1 - s0), 2),
-            "engines_per_core_estimate": int(rate / cpu_share) if cpu_share > 0 else None,
-            "collector_rss_mb": round(rss_mb),
-            "sustained": rate >= 0.97 * n and cpu_share < 0.95}
+    return {
+        "engines": n,
+        "scrapes_per_s": round(rate, 1),
+        "target_scrapes_per_s": n,
+        "achieved_fraction": round(rate / n, 3),
+        "collector_cpu_share": round(cpu_share, 3),
+        "cpu_ms_per_scrape": round(1000 * (c1 - c0) / max(1, s1 - s0), 2),
+        "engines_per_core_estimate": int(rate / cpu_share) if cpu_share > 0 else None,
+        "collector_rss_mb": round(rss_mb),
+        "sustained": rate >= 0.97 * n and cpu_share < 0.95,
+    }
 
 
 # ------------------------------------------------------------------ 3. queries
@@ -219,13 +259,15 @@ def bench_queries(runs: int, db_path: Path, raw_hours: float, rollup_days: float
         for _ in range(runs):
             with db.connect() as conn:
                 t = time.perf_counter()
-                r = queries.series_range(conn, signals=ENGINE_VIEW, start_ts=end - span, end_ts=end,
-                                         target_ids=[engine_ids[0]])
+                r = queries.series_range(
+                    conn, signals=ENGINE_VIEW, start_ts=end - span, end_ts=end, target_ids=[engine_ids[0]]
+                )
                 queries.latest_signals(conn, target_ids=[engine_ids[0]])
                 one.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                f = queries.series_range(conn, signals=["engine_hit_ratio"], start_ts=end - span, end_ts=end,
-                                         target_ids=engine_ids)
+                f = queries.series_range(
+                    conn, signals=["engine_hit_ratio"], start_ts=end - span, end_ts=end, target_ids=engine_ids
+                )
                 fleet.append(time.perf_counter() - t)
         results[f"engine_view_{label}_ms"] = median_ms(one)
         results[f"fleet_hit_ratio_{label}_ms"] = median_ms(fleet)
@@ -238,8 +280,14 @@ def bench_queries(runs: int, db_path: Path, raw_hours: float, rollup_days: float
     for _ in range(min(runs, 3)):
         with db.connect() as conn:
             t_b = time.perf_counter()
-            queries.series_range(conn, signals=ENGINE_VIEW, start_ts=end - 86400.0, end_ts=end,
-                                 target_ids=[engine_ids[0]], resolution="raw")
+            queries.series_range(
+                conn,
+                signals=ENGINE_VIEW,
+                start_ts=end - 86400.0,
+                end_ts=end,
+                target_ids=[engine_ids[0]],
+                resolution="raw",
+            )
             base.append(time.perf_counter() - t_b)
     results["engine_view_24h_from_raw_baseline_ms"] = median_ms(base)
     with db.connect() as conn:
@@ -251,8 +299,14 @@ def bench_queries(runs: int, db_path: Path, raw_hours: float, rollup_days: float
     results["latest_signals_all_ms"] = median_ms(t)
     db.dispose()
     size_mb = sum(p.stat().st_size for p in db_path.parent.glob(db_path.name + "*")) / 1e6
-    return {**results, **points, "db_raw_rows": info["raw_rows"], "db_rollup_rows": info["rollup_rows"],
-            "db_size_mb": round(size_mb), "db_build_s": round(build_s, 1)}
+    return {
+        **results,
+        **points,
+        "db_raw_rows": info["raw_rows"],
+        "db_rollup_rows": info["rollup_rows"],
+        "db_size_mb": round(size_mb),
+        "db_build_s": round(build_s, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,32 +326,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"collectors benchmark ({args.runs} runs, medians; {os.cpu_count()} CPUs)")
     ps = bench_parse_store(args.runs, 200 if args.quick else 500)
     out["parse_store"] = ps
-    print(f"1. vLLM 0.33 page: parse full page {ps['parse_full_page_ms']:.2f} ms (baseline) vs filtered "
-          f"{ps['parse_filtered_ms']:.2f} ms ({ps['parse_full_page_ms'] / ps['parse_filtered_ms']:.1f}x); "
-          f"parse+store {ps['parse_store_single_ms']:.2f} ms per scrape (own transaction), "
-          f"{ps['parse_store_batched_ms']:.2f} ms batched 200/transaction (of which store "
-          f"{ps['store_batched_ms']:.3f} ms)")
+    print(
+        f"1. vLLM 0.33 page: parse full page {ps['parse_full_page_ms']:.2f} ms (baseline) vs filtered "
+        f"{ps['parse_filtered_ms']:.2f} ms ({ps['parse_full_page_ms'] / ps['parse_filtered_ms']:.1f}x); "
+        f"parse+store {ps['parse_store_single_ms']:.2f} ms per scrape (own transaction), "
+        f"{ps['parse_store_batched_ms']:.2f} ms batched 200/transaction (of which store "
+        f"{ps['store_batched_ms']:.3f} ms)"
+    )
     if not args.skip_fleet:
         out["fleet"] = []
         for n in fleet_sizes:
             f = bench_fleet(n, args.fleet_seconds if not args.quick else 10.0)
             out["fleet"].append(f)
-            print(f"2. fleet of {n} engines at 1 s, collector pinned to one CPU: {f['scrapes_per_s']} scrapes/s "
-                  f"({f['achieved_fraction']:.0%} of target), CPU {f['collector_cpu_share']:.0%} of one core, "
-                  f"{f['cpu_ms_per_scrape']} ms CPU/scrape -> ~{f['engines_per_core_estimate']} engines per core, "
-                  f"RSS {f['collector_rss_mb']} MB; "
-                  f"sustained: {f['sustained']}")
+            print(
+                f"2. fleet of {n} engines at 1 s, collector pinned to one CPU: {f['scrapes_per_s']} scrapes/s "
+                f"({f['achieved_fraction']:.0%} of target), CPU {f['collector_cpu_share']:.0%} of one core, "
+                f"{f['cpu_ms_per_scrape']} ms CPU/scrape -> ~{f['engines_per_core_estimate']} engines per core, "
+                f"RSS {f['collector_rss_mb']} MB; "
+                f"sustained: {f['sustained']}"
+            )
     q = bench_queries(args.runs, Path(args.db), raw_hours, rollup_days)
     out["queries"] = q
-    print(f"3. DB: {q['db_raw_rows']:,} raw + {q['db_rollup_rows']:,} rollup rows, {q['db_size_mb']} MB "
-          f"(built/reused in {q['db_build_s']} s)")
+    print(
+        f"3. DB: {q['db_raw_rows']:,} raw + {q['db_rollup_rows']:,} rollup rows, {q['db_size_mb']} MB "
+        f"(built/reused in {q['db_build_s']} s)"
+    )
     for label in ("24h", "7d"):
-        print(f"   {label} engine view (6 signals + latest): {q[f'engine_view_{label}_ms']:.1f} ms, "
-              f"{q[f'{label}_points_per_series']} points/series ({q[f'{label}_resolution']}); "
-              f"hit ratio of 8 engines: {q[f'fleet_hit_ratio_{label}_ms']:.1f} ms")
-    print(f"   baseline: the 24h engine view from raw samples (no rollups): "
-          f"{q['engine_view_24h_from_raw_baseline_ms']:.0f} ms "
-          f"({q['engine_view_24h_from_raw_baseline_ms'] / q['engine_view_24h_ms']:.0f}x slower)")
+        print(
+            f"   {label} engine view (6 signals + latest): {q[f'engine_view_{label}_ms']:.1f} ms, "
+            f"{q[f'{label}_points_per_series']} points/series ({q[f'{label}_resolution']}); "
+            f"hit ratio of 8 engines: {q[f'fleet_hit_ratio_{label}_ms']:.1f} ms"
+        )
+    print(
+        f"   baseline: the 24h engine view from raw samples (no rollups): "
+        f"{q['engine_view_24h_from_raw_baseline_ms']:.0f} ms "
+        f"({q['engine_view_24h_from_raw_baseline_ms'] / q['engine_view_24h_ms']:.0f}x slower)"
+    )
     print(f"   latest signals of every target: {q['latest_signals_all_ms']:.1f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

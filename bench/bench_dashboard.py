@@ -53,7 +53,9 @@ WAITING_RE = re.compile(r"^(vllm:num_requests_waiting\{[^}]*\}) \S+$", re.MULTIL
 # ------------------------------------------------------------------------------------ build time
 def engine_page_times(url: str, engine: str, ranges: list[str], runs: int, end_ts: float) -> dict[str, Any]:
     """Each range ends at the database's newest sample (`?at=` centres the window; the page clips it)."""
-    os.environ.update({"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "1e9", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9"})
+    os.environ.update(
+        {"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "1e9", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9"}
+    )
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
@@ -80,13 +82,19 @@ def engine_page_times(url: str, engine: str, ranges: list[str], runs: int, end_t
             at.run()
             warm.append((time.perf_counter() - started) * 1000)
             points = sum(len(json.loads(e.proto.spec)["data"]) for e in at.get("plotly_chart"))
-        results[label] = {"cold_ms_median": round(statistics.median(cold), 1), "cold_ms_max": round(max(cold), 1),
-                          "cold_cpu_ms_median": round(statistics.median(cold_cpu), 1),
-                          "warm_ms_median": round(statistics.median(warm), 1), "traces": points,
-                          "runs": runs}
+        results[label] = {
+            "cold_ms_median": round(statistics.median(cold), 1),
+            "cold_ms_max": round(max(cold), 1),
+            "cold_cpu_ms_median": round(statistics.median(cold_cpu), 1),
+            "warm_ms_median": round(statistics.median(warm), 1),
+            "traces": points,
+            "runs": runs,
+        }
     base = results[ranges[0]]["cold_ms_median"]
     for label in ranges:
-        results[label]["cold_vs_baseline"] = round(results[label]["cold_ms_median"] / base, 2) if base else None
+        results[label]["cold_vs_baseline"] = (
+            round(results[label]["cold_ms_median"] / base, 2) if base else None
+        )
     return results
 
 
@@ -98,8 +106,13 @@ def overview_times(urls: dict[str, tuple[str, float]], runs: int) -> dict[str, A
 
     results: dict[str, Any] = {}
     for label, (url, end_ts) in urls.items():
-        os.environ.update({"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "1e9",
-                           "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9"})
+        os.environ.update(
+            {
+                "DATABASE_URL": url,
+                "PREFIXOPS_STALE_SECONDS": "1e9",
+                "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "1e9",
+            }
+        )
         cold, cold_cpu, warm = [], [], []
         rows = traces = 0
         for _ in range(runs):
@@ -118,10 +131,15 @@ def overview_times(urls: dict[str, tuple[str, float]], runs: int) -> dict[str, A
             warm.append((time.perf_counter() - started) * 1000)
             rows = len(at.dataframe[0].value) if at.dataframe else 0
             traces = sum(len(json.loads(e.proto.spec)["data"]) for e in at.get("plotly_chart"))
-        results[label] = {"cold_ms_median": round(statistics.median(cold), 1), "cold_ms_max": round(max(cold), 1),
-                          "cold_cpu_ms_median": round(statistics.median(cold_cpu), 1),
-                          "warm_ms_median": round(statistics.median(warm), 1), "table_rows": rows,
-                          "traces": traces, "runs": runs}
+        results[label] = {
+            "cold_ms_median": round(statistics.median(cold), 1),
+            "cold_ms_max": round(max(cold), 1),
+            "cold_cpu_ms_median": round(statistics.median(cold_cpu), 1),
+            "warm_ms_median": round(statistics.median(warm), 1),
+            "table_rows": rows,
+            "traces": traces,
+            "runs": runs,
+        }
     base = next(iter(results.values()))["cold_ms_median"]
     for entry in results.values():
         entry["cold_vs_baseline"] = round(entry["cold_ms_median"] / base, 2) if base else None
@@ -142,14 +160,41 @@ def query_times(url: str, runs: int) -> dict[str, float]:
             times = []
             for _ in range(runs):
                 started = time.perf_counter()
-                q.series_frame(conn, [ref.sidecar_target_id], ("token_weighted", "request_weighted", "divergence",
-                                                               "demand_fraction", "band_low", "band_high",
-                                                               "admitted", "parked", "waiting", "turns_per_s"),
-                               end - span, end)
-                q.series_frame(conn, [ref.engine_target_id], ("engine_hit_ratio", "kv_usage", "ttft_p50", "ttft_p90",
-                                                              "ttft_p99", "prompt_tokens_per_s", "cached_tokens_per_s",
-                                                              "prefix_cache_hits_per_s", "prefix_cache_queries_per_s"),
-                               end - span, end)
+                q.series_frame(
+                    conn,
+                    [ref.sidecar_target_id],
+                    (
+                        "token_weighted",
+                        "request_weighted",
+                        "divergence",
+                        "demand_fraction",
+                        "band_low",
+                        "band_high",
+                        "admitted",
+                        "parked",
+                        "waiting",
+                        "turns_per_s",
+                    ),
+                    end - span,
+                    end,
+                )
+                q.series_frame(
+                    conn,
+                    [ref.engine_target_id],
+                    (
+                        "engine_hit_ratio",
+                        "kv_usage",
+                        "ttft_p50",
+                        "ttft_p90",
+                        "ttft_p99",
+                        "prompt_tokens_per_s",
+                        "cached_tokens_per_s",
+                        "prefix_cache_hits_per_s",
+                        "prefix_cache_queries_per_s",
+                    ),
+                    end - span,
+                    end,
+                )
                 times.append((time.perf_counter() - started) * 1000)
             out[label] = round(statistics.median(times), 1)
     engine.dispose()
@@ -212,16 +257,35 @@ def freshness(trials: int) -> dict[str, Any]:
     port = free_port()
     samples: list[float] = []
     try:
-        with running([PYTHON, "-m", "collectors", "--engine", stub.url, "--database-url", url, "--interval", "1"],
-                     name="collectors"):
+        with running(
+            [PYTHON, "-m", "collectors", "--engine", stub.url, "--database-url", url, "--interval", "1"],
+            name="collectors",
+        ):
             deadline = time.monotonic() + 60
             while not (tmp / "fresh.db").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(2.5)
-            with running([PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                          "--server.headless", "true"], name="streamlit", env={"DATABASE_URL": url},
-                         ready_url=f"http://127.0.0.1:{port}/_stcore/health", expect_text="ok", timeout=60), \
-                    browser_page() as page:
+            with (
+                running(
+                    [
+                        PYTHON,
+                        "-m",
+                        "streamlit",
+                        "run",
+                        "app.py",
+                        "--server.port",
+                        str(port),
+                        "--server.headless",
+                        "true",
+                    ],
+                    name="streamlit",
+                    env={"DATABASE_URL": url},
+                    ready_url=f"http://127.0.0.1:{port}/_stcore/health",
+                    expect_text="ok",
+                    timeout=60,
+                ),
+                browser_page() as page,
+            ):
                 open_page(page, f"http://127.0.0.1:{port}/")
                 deadline = time.monotonic() + 60
                 while page.evaluate(LAST_WAITING_JS) is None and time.monotonic() < deadline:
@@ -238,9 +302,15 @@ def freshness(trials: int) -> dict[str, Any]:
                     samples.append(time.monotonic() - started)
     finally:
         stub.close()
-    return {"trials": trials, "median_s": round(statistics.median(samples), 2), "max_s": round(max(samples), 2),
-            "min_s": round(min(samples), 2), "samples_s": [round(s, 2) for s in samples],
-            "scrape_interval_s": 1.0, "refresh_s": 2.0}
+    return {
+        "trials": trials,
+        "median_s": round(statistics.median(samples), 2),
+        "max_s": round(max(samples), 2),
+        "min_s": round(min(samples), 2),
+        "samples_s": [round(s, 2) for s in samples],
+        "scrape_interval_s": 1.0,
+        "refresh_s": 2.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,21 +325,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fleet-db", default=str(OUT / "fleet200.db"))
     args = p.parse_args(argv)
     url = f"sqlite:///{Path(args.db).resolve()}"
-    result: dict[str, Any] = {"cpus": os.cpu_count(), "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
+    result: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
     if not args.skip_build_time:
         info = build_bench_db(url, engines=2, sidecars=2)
         result["bench_db"] = {k: info.get(k) for k in ("series", "raw_rows", "rollup_rows")}
-        result["engine_page"] = engine_page_times(url, "engine-0", ["15m", "24h", "7d"], args.runs,
-                                                  float(info["end_ts"]))
+        result["engine_page"] = engine_page_times(
+            url, "engine-0", ["15m", "24h", "7d"], args.runs, float(info["end_ts"])
+        )
         result["engine_page_queries_ms"] = query_times(url, args.runs)
     if not args.skip_overview:
         base = build_bench_db(url, engines=2, sidecars=2)
         fleet_url = f"sqlite:///{Path(args.fleet_db).resolve()}"
-        fleet = build_bench_db(fleet_url, engines=args.fleet_engines, sidecars=args.fleet_engines, raw_hours=1.0,
-                               rollup_days=1.0)
-        result["overview"] = overview_times({"2 engines (baseline)": (url, float(base["end_ts"])),
-                                             f"{args.fleet_engines} engines": (fleet_url, float(fleet["end_ts"]))},
-                                            args.runs)
+        fleet = build_bench_db(
+            fleet_url, engines=args.fleet_engines, sidecars=args.fleet_engines, raw_hours=1.0, rollup_days=1.0
+        )
+        result["overview"] = overview_times(
+            {
+                "2 engines (baseline)": (url, float(base["end_ts"])),
+                f"{args.fleet_engines} engines": (fleet_url, float(fleet["end_ts"])),
+            },
+            args.runs,
+        )
     if not args.skip_freshness:
         result["freshness"] = freshness(args.trials)
     OUT.mkdir(parents=True, exist_ok=True)

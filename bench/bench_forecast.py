@@ -25,11 +25,17 @@ from simulator.forecast_run import run_forecast  # noqa: E402
 from simulator.offline import run_scenario  # noqa: E402
 
 NOW = 1_000_000.0
-FIT = {"step_overhead_s": "0.006", "prefill_per_token_s": "3.24e-05", "prefill_attention_s": "5.57e-09",
-       "decode_per_ctx_token_s": "3.7e-08"}
+FIT = {
+    "step_overhead_s": "0.006",
+    "prefill_per_token_s": "3.24e-05",
+    "prefill_attention_s": "5.57e-09",
+    "decode_per_ctx_token_s": "3.7e-08",
+}
 
 
-def recorded(now: float = NOW, seed: int = 0, rate: float = 0.042, crowd: int = 40) -> tuple[list[dict], list[dict]]:
+def recorded(
+    now: float = NOW, seed: int = 0, rate: float = 0.042, crowd: int = 40
+) -> tuple[list[dict], list[dict]]:
     """Turn rows of the last hour and the sessions present now, shaped like the collapse demo's traffic.
 
     ``crowd`` more sessions are in the engine now, mid-way (the collapse demo's pile-up: 6600 + 800 x 20 tokens
@@ -49,17 +55,46 @@ def recorded(now: float = NOW, seed: int = 0, rate: float = 0.042, crowd: int = 
             latency = 0.5 + prompt * 4e-5
             done = ts + latency
             if done > now:
-                sessions.append({"session_id": sid, "state": "admitted", "context_tokens": prompt, "turns": n,
-                                 "manual": False, "pinned": False, "data": {}})
+                sessions.append(
+                    {
+                        "session_id": sid,
+                        "state": "admitted",
+                        "context_tokens": prompt,
+                        "turns": n,
+                        "manual": False,
+                        "pinned": False,
+                        "data": {},
+                    }
+                )
                 break
-            turns.append({"id": len(turns) + 1, "ts": done, "session": sid, "prompt_tokens": prompt,
-                          "cached_tokens": 2000 if n == 0 else prompt - 650, "completion_tokens": 150,
-                          "held_s": 0.0, "latency_s": latency, "outcome": "ok"})
+            turns.append(
+                {
+                    "id": len(turns) + 1,
+                    "ts": done,
+                    "session": sid,
+                    "prompt_tokens": prompt,
+                    "cached_tokens": 2000 if n == 0 else prompt - 650,
+                    "completion_tokens": 150,
+                    "held_s": 0.0,
+                    "latency_s": latency,
+                    "outcome": "ok",
+                }
+            )
             n += 1
             prompt += 800
             ts = done + rng.lognormvariate(0.0, 0.5) * 1.5 / math.exp(0.125)
-    sessions += [{"session_id": f"crowd{i}", "state": "admitted", "context_tokens": 6600 + 800 * 20, "turns": 20,
-                  "manual": False, "pinned": False, "data": {}} for i in range(crowd)]
+    sessions += [
+        {
+            "session_id": f"crowd{i}",
+            "state": "admitted",
+            "context_tokens": 6600 + 800 * 20,
+            "turns": 20,
+            "manual": False,
+            "pinned": False,
+            "data": {},
+        }
+        for i in range(crowd)
+    ]
     return turns, sessions
 
 
@@ -68,11 +103,20 @@ def main() -> int:
     current = BudgeterConfig(mode="off")
     proposed = current.replace(mode="budgeter-park")
     t0 = time.perf_counter()
-    inputs = forecast_inputs(pool_tokens=400_000, session_rows=sessions, turn_rows=turns, latency_samples=[],
-                             fit=FIT, current=current, now=NOW)
+    inputs = forecast_inputs(
+        pool_tokens=400_000,
+        session_rows=sessions,
+        turn_rows=turns,
+        latency_samples=[],
+        fit=FIT,
+        current=current,
+        now=NOW,
+    )
     prep_s = time.perf_counter() - t0
-    print(f"recorded: {inputs.shapes.turns_seen} turns in 30 min ({inputs.shapes.turns_seen / 1800:.2f} turns/s), "
-          f"{len(inputs.sessions)} sessions now; inputs built in {prep_s * 1000:.1f} ms")
+    print(
+        f"recorded: {inputs.shapes.turns_seen} turns in 30 min ({inputs.shapes.turns_seen / 1800:.2f} turns/s), "
+        f"{len(inputs.sessions)} sessions now; inputs built in {prep_s * 1000:.1f} ms"
+    )
     for minutes, target in ((30, 2.0), (360, 10.0)):
         b0 = time.perf_counter()
         run_scenario("agent-steady", "off", 1, minutes)
@@ -80,11 +124,15 @@ def main() -> int:
         f0 = time.perf_counter()
         runs = [run_forecast(inputs, cfg, minutes, seed=1) for cfg in (current, proposed)]
         fc_s = time.perf_counter() - f0 + prep_s
-        rt = " vs ".join(f"{r['summary']['mode']} R_t {r['summary']['r_t']} {r['summary']['turns_per_s']} turns/s"
-                         for r in runs)
-        print(f"{minutes:>4} min forecast (2 runs): {fc_s:6.2f} s (target <= {target:g} s: "
-              f"{'ok' if fc_s <= target else 'MISSED'}); baseline `simulator run` of {minutes} min: {base_s:6.2f} s; "
-              f"ratio {fc_s / base_s:.2f}x  [{rt}]")
+        rt = " vs ".join(
+            f"{r['summary']['mode']} R_t {r['summary']['r_t']} {r['summary']['turns_per_s']} turns/s"
+            for r in runs
+        )
+        print(
+            f"{minutes:>4} min forecast (2 runs): {fc_s:6.2f} s (target <= {target:g} s: "
+            f"{'ok' if fc_s <= target else 'MISSED'}); baseline `simulator run` of {minutes} min: {base_s:6.2f} s; "
+            f"ratio {fc_s / base_s:.2f}x  [{rt}]"
+        )
     return 0
 
 

@@ -76,8 +76,12 @@ def measure(cycle: Callable[[], int], runs: int, pause_s: float) -> dict[str, fl
             wall.append(w1 - w0)
             outcomes.append(n)
         time.sleep(pause_s)
-    return {"cpu_s": statistics.median(cpu), "wall_s": statistics.median(wall), "cpu_max_s": max(cpu),
-            "engines_written": statistics.median(outcomes)}
+    return {
+        "cpu_s": statistics.median(cpu),
+        "wall_s": statistics.median(wall),
+        "cpu_max_s": max(cpu),
+        "engines_written": statistics.median(outcomes),
+    }
 
 
 def drain(collector: Collector) -> list:
@@ -88,7 +92,9 @@ def drain(collector: Collector) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Prometheus-source collector cycle vs direct scraping (same run).")
+    p = argparse.ArgumentParser(
+        description="Prometheus-source collector cycle vs direct scraping (same run)."
+    )
     p.add_argument("--engines", type=int, default=1000)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--scrape-interval", type=float, default=2.0, help="Prometheus scrape interval, seconds")
@@ -101,30 +107,69 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         exporter_port, prom_port = free_port(), free_port()
         interval = f"{args.scrape_interval:g}s"
-        (root / "prometheus.yml").write_text(json.dumps({
-            "global": {"scrape_interval": interval},
-            "scrape_configs": [{"job_name": "vllm", "honor_labels": True, "scrape_interval": interval,
-                                "scrape_timeout": interval,
-                                "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}]}))
+        (root / "prometheus.yml").write_text(
+            json.dumps(
+                {
+                    "global": {"scrape_interval": interval},
+                    "scrape_configs": [
+                        {
+                            "job_name": "vllm",
+                            "honor_labels": True,
+                            "scrape_interval": interval,
+                            "scrape_timeout": interval,
+                            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+                        }
+                    ],
+                }
+            )
+        )
         procs = [
-            subprocess.Popen([sys.executable, str(ROOT / "bench" / "fleet_exporter.py"), "--port", str(exporter_port),
-                              "--engines", str(args.engines)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT),
-            subprocess.Popen([prometheus, f"--config.file={root / 'prometheus.yml'}",
-                              f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                              "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT),
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "bench" / "fleet_exporter.py"),
+                    "--port",
+                    str(exporter_port),
+                    "--engines",
+                    str(args.engines),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            ),
+            subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={root / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={root / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            ),
         ]
         prom_url = f"http://127.0.0.1:{prom_port}"
         try:
             wait_for(lambda: httpx.get(f"{prom_url}/-/ready").status_code == 200, 60, "Prometheus")
-            wait_for(lambda: len(httpx.get(f"{prom_url}/api/v1/query", params={
-                "query": "vllm:num_requests_running"}).json()["data"]["result"]) == args.engines, 90,
-                f"{args.engines} engines in Prometheus")
+            wait_for(
+                lambda: (
+                    len(
+                        httpx.get(
+                            f"{prom_url}/api/v1/query", params={"query": "vllm:num_requests_running"}
+                        ).json()["data"]["result"]
+                    )
+                    == args.engines
+                ),
+                90,
+                f"{args.engines} engines in Prometheus",
+            )
 
             db_prom = make_engine(f"sqlite:///{root / 'prom.db'}")
             upgrade(db_prom)
             source = EngineTarget(prom_url, kind="prometheus", matchers='job="vllm"')
-            c_prom = Collector(CollectorConfig(engines=(source,), interval_s=args.scrape_interval, timeout_s=30.0),
-                               db_prom)
+            c_prom = Collector(
+                CollectorConfig(engines=(source,), interval_s=args.scrape_interval, timeout_s=30.0), db_prom
+            )
 
             def prom_cycle() -> int:
                 c_prom.scrape_target(prom_url)
@@ -136,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
 
             db_direct = make_engine(f"sqlite:///{root / 'direct.db'}")
             upgrade(db_direct)
-            targets = tuple(EngineTarget(f"http://127.0.0.1:{exporter_port}/engine/{i}", kind="vllm")
-                            for i in range(args.engines))
+            targets = tuple(
+                EngineTarget(f"http://127.0.0.1:{exporter_port}/engine/{i}", kind="vllm")
+                for i in range(args.engines)
+            )
             c_direct = Collector(CollectorConfig(engines=targets, interval_s=1.0, timeout_s=30.0), db_direct)
             scrapers = list(c_direct.scrapers.values())
             pool = ThreadPoolExecutor(64)
@@ -157,11 +204,19 @@ def main(argv: list[str] | None = None) -> int:
             for proc in procs:
                 proc.wait(timeout=30)
 
-    result = {"engines": args.engines, "runs": args.runs, "prometheus": prom, "direct": direct,
-              "cpu_ratio_direct_over_prometheus": round(direct["cpu_s"] / prom["cpu_s"], 2),
-              "target_cpu_s": 1.0, "meets_target": prom["cpu_s"] <= 1.0}
+    result = {
+        "engines": args.engines,
+        "runs": args.runs,
+        "prometheus": prom,
+        "direct": direct,
+        "cpu_ratio_direct_over_prometheus": round(direct["cpu_s"] / prom["cpu_s"], 2),
+        "target_cpu_s": 1.0,
+        "meets_target": prom["cpu_s"] <= 1.0,
+    }
     print(json.dumps(result))
-    print(f"\n{'one collector cycle, ' + str(args.engines) + ' engines':<42} {'CPU s':>8} {'wall s':>8} {'engines':>8}")
+    print(
+        f"\n{'one collector cycle, ' + str(args.engines) + ' engines':<42} {'CPU s':>8} {'wall s':>8} {'engines':>8}"
+    )
     for name, r in (("prometheus source (target <= 1 s CPU)", prom), ("direct scraping (baseline)", direct)):
         print(f"{name:<42} {r['cpu_s']:>8.3f} {r['wall_s']:>8.3f} {r['engines_written']:>8.0f}")
     print(f"direct / prometheus CPU: {result['cpu_ratio_direct_over_prometheus']:.2f}x")

@@ -58,10 +58,18 @@ def wait_http(url: str, timeout: float = 30.0) -> None:
 
 
 @contextmanager
-def process(cmd: list[str], ready: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    cmd: list[str], ready: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         wait_http(ready)
         yield proc
@@ -104,8 +112,9 @@ class Conn:
     async def open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 22)
 
-    async def request(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-                      ) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         if self.writer is None:
             await self.open()
         assert self.reader is not None and self.writer is not None
@@ -144,13 +153,21 @@ class Conn:
 
 
 def chat_body(client: int) -> bytes:
-    return json.dumps({"model": "stub-model", "max_tokens": 8, "messages": [
-        {"role": "system", "content": "You are a helpful assistant. " * 8},
-        {"role": "user", "content": f"client {client}: what is the status of the fleet?"}]}).encode()
+    return json.dumps(
+        {
+            "model": "stub-model",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "system", "content": "You are a helpful assistant. " * 8},
+                {"role": "user", "content": f"client {client}: what is the status of the fleet?"},
+            ],
+        }
+    ).encode()
 
 
-async def load(port: int, clients: int, *, requests_per_client: int | None, duration: float | None,
-               warmup: float = 0.3) -> tuple[list[float], float, int]:
+async def load(
+    port: int, clients: int, *, requests_per_client: int | None, duration: float | None, warmup: float = 0.3
+) -> tuple[list[float], float, int]:
     """(latencies in s after warm-up, requests/s over the measured span, errors)."""
     latencies: list[float] = []
     errors = 0
@@ -225,8 +242,11 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
                 return await coro
 
         async def first_turn(sid: str, i: int) -> None:
-            r = await client.post("/v1/chat/completions", content=chat_body(i),
-                                  headers={"X-Session-Id": sid, "content-type": "application/json"})
+            r = await client.post(
+                "/v1/chat/completions",
+                content=chat_body(i),
+                headers={"X-Session-Id": sid, "content-type": "application/json"},
+            )
             assert r.status_code == 200, r.text
 
         async def held_count() -> int:
@@ -238,9 +258,12 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
             for c in conns:
                 await c.open()
             t0 = time.perf_counter()
-            tasks = [asyncio.ensure_future(c.request("POST", "/v1/chat/completions", chat_body(i),
-                                                     {"x-session-id": sid}))
-                     for i, (c, sid) in enumerate(zip(conns, ids, strict=True))]
+            tasks = [
+                asyncio.ensure_future(
+                    c.request("POST", "/v1/chat/completions", chat_body(i), {"x-session-id": sid})
+                )
+                for i, (c, sid) in enumerate(zip(conns, ids, strict=True))
+            ]
             while True:
                 held = await held_count()
                 if held + sum(1 for t in tasks if t.done()) >= len(ids):
@@ -251,7 +274,9 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
         manual = [f"manual-{i}" for i in range(n)]
         await asyncio.gather(*(limited(first_turn(sid, i)) for i, sid in enumerate(manual)))
         for sid in manual:
-            assert (await limited(client.post(f"/control/sessions/{sid}/park", headers=auth))).status_code == 200
+            assert (
+                await limited(client.post(f"/control/sessions/{sid}/park", headers=auth))
+            ).status_code == 200
         await asyncio.sleep(1.5)
         rss_before = rss_kib(sidecar_pid)
         conns, tasks, t_held, _ = await hold_all(manual)
@@ -261,8 +286,9 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
         await client.get("/state")
         state_ms = (time.perf_counter() - state_t0) * 1000
         t1 = time.perf_counter()
-        await asyncio.gather(*(limited(client.post(f"/control/sessions/{sid}/unpark", headers=auth))
-                               for sid in manual))
+        await asyncio.gather(
+            *(limited(client.post(f"/control/sessions/{sid}/unpark", headers=auth)) for sid in manual)
+        )
         results = await asyncio.gather(*tasks)
         t_unpark = time.perf_counter() - t1
         ok_manual = sum(1 for status, _ in results if status == 200)
@@ -283,10 +309,17 @@ async def parked_test(sidecar_port: int, sidecar_pid: int, n: int) -> dict[str, 
         for c in conns:
             c.close()
     return {
-        "held": n, "answered_200": ok_manual, "seconds_to_hold_all": t_held, "rss_before_mib": rss_before / 1024,
-        "rss_held_mib": rss_held / 1024, "kib_per_held_request": (rss_held - rss_before) / n,
-        "seconds_to_unpark_all": t_unpark, "state_ms_with_all_held": state_ms,
-        "auto_parked": park_set, "auto_answered_200": ok_auto, "seconds_to_park_auto": t_auto_held,
+        "held": n,
+        "answered_200": ok_manual,
+        "seconds_to_hold_all": t_held,
+        "rss_before_mib": rss_before / 1024,
+        "rss_held_mib": rss_held / 1024,
+        "kib_per_held_request": (rss_held - rss_before) / n,
+        "seconds_to_unpark_all": t_unpark,
+        "state_ms_with_all_held": state_ms,
+        "auto_parked": park_set,
+        "auto_answered_200": ok_auto,
+        "seconds_to_park_auto": t_auto_held,
         "seconds_mass_release": t_mass,
     }
 
@@ -301,8 +334,12 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=5.0, help="seconds per run at 50 clients")
     p.add_argument("--clients", type=int, default=50)
     p.add_argument("--parked", type=int, default=2000)
-    p.add_argument("--engine-transport", default="fast", choices=["fast", "httpcore"],
-                   help="the sidecar's transport to the engine (httpcore: httpx's default, for comparison)")
+    p.add_argument(
+        "--engine-transport",
+        default="fast",
+        choices=["fast", "httpcore"],
+        help="the sidecar's transport to the engine (httpcore: httpx's default, for comparison)",
+    )
     args = p.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -310,81 +347,141 @@ def main() -> None:
     engine_port, sidecar_port = free_port(), free_port()
     tmp = Path(tempfile.mkdtemp(prefix="bench-sidecar-"))
     engine_cmd = [PYTHON, "-m", "tests.stubs.stub_engine", "--port", str(engine_port)]
-    sidecar_cmd = [PYTHON, "-m", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}", "--port",
-                   str(sidecar_port), "--state-db", str(tmp / "sidecar.db"), "--pool-tokens", "100000000",
-                   "--log-level", "warning", "--engine-transport", args.engine_transport]
+    sidecar_cmd = [
+        PYTHON,
+        "-m",
+        "sidecar",
+        "--engine",
+        f"http://127.0.0.1:{engine_port}",
+        "--port",
+        str(sidecar_port),
+        "--state-db",
+        str(tmp / "sidecar.db"),
+        "--pool-tokens",
+        "100000000",
+        "--log-level",
+        "warning",
+        "--engine-transport",
+        args.engine_transport,
+    ]
     results: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
         results.setdefault(key, []).append(value)
 
-    with process(engine_cmd, f"http://127.0.0.1:{engine_port}/v1/models"), \
-            process(sidecar_cmd, f"http://127.0.0.1:{sidecar_port}/healthz",
-                    env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR}) as sidecar:
+    with (
+        process(engine_cmd, f"http://127.0.0.1:{engine_port}/v1/models"),
+        process(
+            sidecar_cmd,
+            f"http://127.0.0.1:{sidecar_port}/healthz",
+            env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR},
+        ) as sidecar,
+    ):
         asyncio.run(load(sidecar_port, args.clients, requests_per_client=20, duration=None, warmup=0))
         for run in range(args.runs):
             for target, port in (("direct", engine_port), ("sidecar", sidecar_port)):
-                lat, _, err = asyncio.run(load(port, 1, requests_per_client=args.single_requests, duration=None,
-                                               warmup=0.2))
+                lat, _, err = asyncio.run(
+                    load(port, 1, requests_per_client=args.single_requests, duration=None, warmup=0.2)
+                )
                 add(f"{target}_1_p50_ms", pct(lat, 0.5) * 1000)
                 add(f"{target}_1_p99_ms", pct(lat, 0.99) * 1000)
                 cpu0 = cpu_seconds(sidecar.pid)
-                lat, rps, err50 = asyncio.run(load(port, args.clients, requests_per_client=None,
-                                                   duration=args.duration))
+                lat, rps, err50 = asyncio.run(
+                    load(port, args.clients, requests_per_client=None, duration=args.duration)
+                )
                 if target == "sidecar":
                     # CPU of the sidecar process per request (warm-up included in both numbers)
-                    add("sidecar_cpu_ms_per_request", (cpu_seconds(sidecar.pid) - cpu0) * 1000
-                        / max(1, len(lat) + int(rps * 0.3)))
+                    add(
+                        "sidecar_cpu_ms_per_request",
+                        (cpu_seconds(sidecar.pid) - cpu0) * 1000 / max(1, len(lat) + int(rps * 0.3)),
+                    )
                 add(f"{target}_50_p50_ms", pct(lat, 0.5) * 1000)
                 add(f"{target}_50_p99_ms", pct(lat, 0.99) * 1000)
                 add(f"{target}_50_rps", rps)
                 add(f"{target}_errors", err + err50)
-            print(f"run {run + 1}/{args.runs}: " + ", ".join(f"{k}={v[-1]:.2f}" for k, v in sorted(results.items())),
-                  flush=True)
+            print(
+                f"run {run + 1}/{args.runs}: "
+                + ", ".join(f"{k}={v[-1]:.2f}" for k, v in sorted(results.items())),
+                flush=True,
+            )
         sidecar_rss_mib = rss_kib(sidecar.pid) / 1024
         parked: dict[str, float] = {}
         if args.parked:
             park_port = free_port()
-            park_cmd = [PYTHON, "-m", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}", "--port",
-                        str(park_port), "--state-db", str(tmp / "parked.db"), "--pool-tokens", "1000",
-                        "--log-level", "warning"]
-            with process(park_cmd, f"http://127.0.0.1:{park_port}/healthz",
-                         env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR}) as park_sidecar:
+            park_cmd = [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                f"http://127.0.0.1:{engine_port}",
+                "--port",
+                str(park_port),
+                "--state-db",
+                str(tmp / "parked.db"),
+                "--pool-tokens",
+                "1000",
+                "--log-level",
+                "warning",
+            ]
+            with process(
+                park_cmd, f"http://127.0.0.1:{park_port}/healthz", env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR}
+            ) as park_sidecar:
                 parked = asyncio.run(parked_test(park_port, park_sidecar.pid, args.parked))
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print()
-    print(f"sidecar benchmark (engine transport: {args.engine_transport}): {args.runs} runs, medians (1 client: {args.single_requests} requests/run; "
-          f"{args.clients} clients: {args.duration:g} s/run); one uvicorn worker; {os.cpu_count()} CPUs")
+    print(
+        f"sidecar benchmark (engine transport: {args.engine_transport}): {args.runs} runs, medians (1 client: {args.single_requests} requests/run; "
+        f"{args.clients} clients: {args.duration:g} s/run); one uvicorn worker; {os.cpu_count()} CPUs"
+    )
     print(f"{'':28}{'direct':>10}{'sidecar':>10}{'added':>10}{'ratio':>8}")
-    for key, label in (("1_p50_ms", "1 client p50 (ms)"), ("1_p99_ms", "1 client p99 (ms)"),
-                       ("50_p50_ms", f"{args.clients} clients p50 (ms)"),
-                       ("50_p99_ms", f"{args.clients} clients p99 (ms)")):
+    for key, label in (
+        ("1_p50_ms", "1 client p50 (ms)"),
+        ("1_p99_ms", "1 client p99 (ms)"),
+        ("50_p50_ms", f"{args.clients} clients p50 (ms)"),
+        ("50_p99_ms", f"{args.clients} clients p99 (ms)"),
+    ):
         d, s = med[f"direct_{key}"], med[f"sidecar_{key}"]
         print(f"{label:28}{d:10.3f}{s:10.3f}{s - d:10.3f}{s / d:8.2f}")
     d, s = med["direct_50_rps"], med["sidecar_50_rps"]
     print(f"{f'{args.clients} clients requests/s':28}{d:10.0f}{s:10.0f}{'':10}{s / d:8.2f}")
     print(f"errors: direct {med['direct_errors']:.0f}, sidecar {med['sidecar_errors']:.0f} (median per run)")
-    print(f"sidecar CPU per proxied request at {args.clients} clients: {med['sidecar_cpu_ms_per_request']:.2f} ms "
-          f"(capacity of one worker on one free core: ~{1000 / med['sidecar_cpu_ms_per_request']:.0f} requests/s)")
-    print(f"targets: added p50 at 1 client <= 1 ms: {med['sidecar_1_p50_ms'] - med['direct_1_p50_ms']:.3f} ms; "
-          f">= 300 requests/s at 50 clients: {med['sidecar_50_rps']:.0f}")
-    print("reference (issue 4, same kind of machine and stub): LiteLLM proxy 1 worker ~13 ms added, ~90 req/s; "
-          "bare Starlette + httpx ~1.2 ms added, ~270 req/s")
-    print(f"ratio to references: {med['sidecar_50_rps'] / 90:.1f}x LiteLLM's req/s, "
-          f"{med['sidecar_50_rps'] / 270:.2f}x bare Starlette+httpx req/s")
+    print(
+        f"sidecar CPU per proxied request at {args.clients} clients: {med['sidecar_cpu_ms_per_request']:.2f} ms "
+        f"(capacity of one worker on one free core: ~{1000 / med['sidecar_cpu_ms_per_request']:.0f} requests/s)"
+    )
+    print(
+        f"targets: added p50 at 1 client <= 1 ms: {med['sidecar_1_p50_ms'] - med['direct_1_p50_ms']:.3f} ms; "
+        f">= 300 requests/s at 50 clients: {med['sidecar_50_rps']:.0f}"
+    )
+    print(
+        "reference (issue 4, same kind of machine and stub): LiteLLM proxy 1 worker ~13 ms added, ~90 req/s; "
+        "bare Starlette + httpx ~1.2 ms added, ~270 req/s"
+    )
+    print(
+        f"ratio to references: {med['sidecar_50_rps'] / 90:.1f}x LiteLLM's req/s, "
+        f"{med['sidecar_50_rps'] / 270:.2f}x bare Starlette+httpx req/s"
+    )
     if parked:
         print()
-        print(f"parked sessions held at once: {parked['held']:.0f} (all answered 200 after unpark: "
-              f"{parked['answered_200']:.0f})")
-        print(f"  sidecar RSS {parked['rss_before_mib']:.1f} MiB before the holds, {parked['rss_held_mib']:.1f} MiB "
-              f"with all held: {parked['kib_per_held_request']:.1f} KiB per held request")
-        print(f"  {parked['seconds_to_hold_all']:.2f} s until all were held; {parked['seconds_to_unpark_all']:.2f} s "
-              f"to unpark all through the API (50 calls in flight) and answer them; GET /state with all held: "
-              f"{parked['state_ms_with_all_held']:.1f} ms")
-        print(f"automatic parking: {parked['auto_parked']:.0f} sessions parked at their turn boundary "
-              f"({parked['seconds_to_park_auto']:.2f} s until all held); one mode switch released them all in "
-              f"{parked['seconds_mass_release']:.2f} s, {parked['auto_answered_200']:.0f} answered 200")
+        print(
+            f"parked sessions held at once: {parked['held']:.0f} (all answered 200 after unpark: "
+            f"{parked['answered_200']:.0f})"
+        )
+        print(
+            f"  sidecar RSS {parked['rss_before_mib']:.1f} MiB before the holds, {parked['rss_held_mib']:.1f} MiB "
+            f"with all held: {parked['kib_per_held_request']:.1f} KiB per held request"
+        )
+        print(
+            f"  {parked['seconds_to_hold_all']:.2f} s until all were held; {parked['seconds_to_unpark_all']:.2f} s "
+            f"to unpark all through the API (50 calls in flight) and answer them; GET /state with all held: "
+            f"{parked['state_ms_with_all_held']:.1f} ms"
+        )
+        print(
+            f"automatic parking: {parked['auto_parked']:.0f} sessions parked at their turn boundary "
+            f"({parked['seconds_to_park_auto']:.2f} s until all held); one mode switch released them all in "
+            f"{parked['seconds_mass_release']:.2f} s, {parked['auto_answered_200']:.0f} answered 200"
+        )
     print(f"sidecar RSS at the end: {sidecar_rss_mib:.1f} MiB")
     print(json.dumps({"medians": med, "parked": parked}, sort_keys=True))
 

@@ -35,14 +35,40 @@ from db.migrate import upgrade  # noqa: E402
 from db.models import CollectorHeartbeat, CollectorState, Rollup1m, Rollup10m, Sample, Series, Target  # noqa: E402
 from db.queries import RAW_RETENTION_KEY, ROLLUP10_WATERMARK_KEY, ROLLUP_WATERMARK_KEY  # noqa: E402
 
-ENGINE_SIGNALS = (sig.ENGINE_HIT_RATIO, sig.KV_USAGE, sig.REQUESTS_RUNNING, sig.REQUESTS_WAITING,
-                  sig.PREEMPTIONS_PER_S, sig.PROMPT_TOKENS_PER_S, sig.GENERATION_TOKENS_PER_S,
-                  sig.CACHED_TOKENS_PER_S, sig.PREFIX_CACHE_QUERIES_PER_S, sig.PREFIX_CACHE_HITS_PER_S,
-                  sig.TTFT_P50, sig.TTFT_P90, sig.TTFT_P99, sig.POOL_TOKENS)
+ENGINE_SIGNALS = (
+    sig.ENGINE_HIT_RATIO,
+    sig.KV_USAGE,
+    sig.REQUESTS_RUNNING,
+    sig.REQUESTS_WAITING,
+    sig.PREEMPTIONS_PER_S,
+    sig.PROMPT_TOKENS_PER_S,
+    sig.GENERATION_TOKENS_PER_S,
+    sig.CACHED_TOKENS_PER_S,
+    sig.PREFIX_CACHE_QUERIES_PER_S,
+    sig.PREFIX_CACHE_HITS_PER_S,
+    sig.TTFT_P50,
+    sig.TTFT_P90,
+    sig.TTFT_P99,
+    sig.POOL_TOKENS,
+)
 TARGET_SIGNALS = (sig.UP, sig.SCRAPE_DURATION_S)
-SIDECAR_SIGNALS = (sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED, sig.DIVERGENCE, sig.THIN_REUSE, sig.POOL_TOKENS,
-                   sig.DEMAND_TOKENS, sig.DEMAND_FRACTION, sig.BAND_LOW, sig.BAND_HIGH, sig.TURNS_PER_S,
-                   sig.SESSIONS_IN_SYSTEM, sig.ADMITTED, sig.PARKED, sig.WAITING, sig.LOW_HALF_CACHED_FRACTION)
+SIDECAR_SIGNALS = (
+    sig.TOKEN_WEIGHTED,
+    sig.REQUEST_WEIGHTED,
+    sig.DIVERGENCE,
+    sig.THIN_REUSE,
+    sig.POOL_TOKENS,
+    sig.DEMAND_TOKENS,
+    sig.DEMAND_FRACTION,
+    sig.BAND_LOW,
+    sig.BAND_HIGH,
+    sig.TURNS_PER_S,
+    sig.SESSIONS_IN_SYSTEM,
+    sig.ADMITTED,
+    sig.PARKED,
+    sig.WAITING,
+    sig.LOW_HALF_CACHED_FRACTION,
+)
 SPEC_KEY = "bench_spec"
 
 
@@ -80,12 +106,27 @@ def _value(signal: str, phase: float, rng: random.Random) -> float:
     return noise
 
 
-def build_bench_db(url: str, *, engines: int = 8, sidecars: int = 0, raw_hours: float = 24.0,
-                   rollup_days: float = 7.0, end_ts: float | None = None, seed: int = 0, force: bool = False,
-                   quiet: bool = False) -> dict[str, Any]:
+def build_bench_db(
+    url: str,
+    *,
+    engines: int = 8,
+    sidecars: int = 0,
+    raw_hours: float = 24.0,
+    rollup_days: float = 7.0,
+    end_ts: float | None = None,
+    seed: int = 0,
+    force: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any]:
     """Create (or reuse) the benchmark database at `url`; returns its description."""
-    spec = {"engines": engines, "sidecars": sidecars, "raw_hours": raw_hours, "rollup_days": rollup_days,
-            "seed": seed, "version": 3}
+    spec = {
+        "engines": engines,
+        "sidecars": sidecars,
+        "raw_hours": raw_hours,
+        "rollup_days": rollup_days,
+        "seed": seed,
+        "version": 3,
+    }
     path = sqlite_path(url)
     db = make_engine(url)
     upgrade(db)
@@ -112,21 +153,51 @@ def build_bench_db(url: str, *, engines: int = 8, sidecars: int = 0, raw_hours: 
         for kind, count in (("engine", engines), ("sidecar", sidecars)):
             for i in range(count):
                 url_i = f"http://bench-{kind}-{i}:{8000 if kind == 'engine' else 8100}"
-                tid = conn.execute(insert(Target).values(
-                    url=url_i, role=kind, kind="vllm" if kind == "engine" else "sidecar",
-                    configured_kind="vllm" if kind == "engine" else "sidecar", name=f"{kind}-{i}",
-                    labels={"cluster": f"c{i % 2}"}, engine_url=f"http://bench-engine-{i}:8000" if kind == "sidecar"
-                    else None, configured=True, interval_s=1.0, up=True, last_scrape_ts=end, last_success_ts=end,
-                    consecutive_failures=0, created_ts=roll_start).returning(Target.id)).scalar_one()
-                names = [(s, "0") for s in ENGINE_SIGNALS] if kind == "engine" else [(s, "") for s in SIDECAR_SIGNALS]
+                tid = conn.execute(
+                    insert(Target)
+                    .values(
+                        url=url_i,
+                        role=kind,
+                        kind="vllm" if kind == "engine" else "sidecar",
+                        configured_kind="vllm" if kind == "engine" else "sidecar",
+                        name=f"{kind}-{i}",
+                        labels={"cluster": f"c{i % 2}"},
+                        engine_url=f"http://bench-engine-{i}:8000" if kind == "sidecar" else None,
+                        configured=True,
+                        interval_s=1.0,
+                        up=True,
+                        last_scrape_ts=end,
+                        last_success_ts=end,
+                        consecutive_failures=0,
+                        created_ts=roll_start,
+                    )
+                    .returning(Target.id)
+                ).scalar_one()
+                names = (
+                    [(s, "0") for s in ENGINE_SIGNALS]
+                    if kind == "engine"
+                    else [(s, "") for s in SIDECAR_SIGNALS]
+                )
                 names += [(s, "") for s in TARGET_SIGNALS]
                 for signal, label in names:
-                    sid = conn.execute(insert(Series).values(target_id=tid, engine_label=label, signal=signal)
-                                       .returning(Series.id)).scalar_one()
+                    sid = conn.execute(
+                        insert(Series)
+                        .values(target_id=tid, engine_label=label, signal=signal)
+                        .returning(Series.id)
+                    ).scalar_one()
                     series.append((sid, signal))
-        conn.execute(insert(CollectorHeartbeat).values(name="collectors", pid=0, host="bench", started_ts=roll_start,
-                                                       last_beat_ts=end, targets=engines + sidecars,
-                                                       targets_up=engines + sidecars, info={}))
+        conn.execute(
+            insert(CollectorHeartbeat).values(
+                name="collectors",
+                pid=0,
+                host="bench",
+                started_ts=roll_start,
+                last_beat_ts=end,
+                targets=engines + sidecars,
+                targets_up=engines + sidecars,
+                info={},
+            )
+        )
     raw_rows = roll_rows = 0
     chunk = 200_000
     # Rollups for the whole span (7 days before the raw day, and the raw day itself), 1-minute and
@@ -143,8 +214,18 @@ def build_bench_db(url: str, *, engines: int = 8, sidecars: int = 0, raw_hours: 
                 ts = roll_start + 60.0 * m
                 v = _value(signal, phase0 + ts / 3600.0, rng)
                 rows.append((sid, ts, v * 0.95, v * 1.05, v, v, 60))
-            buf.extend({"series_id": r[0], "ts": r[1], "min": r[2], "max": r[3], "mean": r[4], "last": r[5],
-                        "count": r[6]} for r in rows)
+            buf.extend(
+                {
+                    "series_id": r[0],
+                    "ts": r[1],
+                    "min": r[2],
+                    "max": r[3],
+                    "mean": r[4],
+                    "last": r[5],
+                    "count": r[6],
+                }
+                for r in rows
+            )
             conn.execute(insert(Rollup10m), merge_rollups(rows, 600.0))
             if len(buf) >= chunk:
                 conn.execute(insert(Rollup1m), buf)
@@ -165,24 +246,41 @@ def build_bench_db(url: str, *, engines: int = 8, sidecars: int = 0, raw_hours: 
         raw_conn.execute("PRAGMA synchronous=OFF")
     for sid, signal in series:
         phase0 = rng.random() * 6.28
-        rows = [(sid, raw_start + s, _value(signal, phase0 + (raw_start + s) / 3600.0, rng)) for s in range(seconds)]
+        rows = [
+            (sid, raw_start + s, _value(signal, phase0 + (raw_start + s) / 3600.0, rng))
+            for s in range(seconds)
+        ]
         if raw_conn is not None:
             raw_conn.executemany("INSERT INTO samples(series_id, ts, value) VALUES (?, ?, ?)", rows)
             raw_conn.commit()
         else:
             with db.begin() as conn:
                 for i in range(0, len(rows), chunk):
-                    conn.execute(insert(Sample), [{"series_id": a, "ts": b, "value": c} for a, b, c in rows[i:i + chunk]])
+                    conn.execute(
+                        insert(Sample),
+                        [{"series_id": a, "ts": b, "value": c} for a, b, c in rows[i : i + chunk]],
+                    )
         raw_rows += len(rows)
     if raw_conn is not None:
         raw_conn.close()
-    info = {"spec": spec, "url": url, "end_ts": end, "raw_start_ts": raw_start, "rollup_start_ts": roll_start,
-            "series": len(series), "raw_rows": raw_rows, "rollup_rows": roll_rows,
-            "build_s": round(time.perf_counter() - started, 1)}
+    info = {
+        "spec": spec,
+        "url": url,
+        "end_ts": end,
+        "raw_start_ts": raw_start,
+        "rollup_start_ts": roll_start,
+        "series": len(series),
+        "raw_rows": raw_rows,
+        "rollup_rows": roll_rows,
+        "build_s": round(time.perf_counter() - started, 1),
+    }
     with db.begin() as conn:
-        for key, value, text in ((ROLLUP_WATERMARK_KEY, end, None), (ROLLUP10_WATERMARK_KEY, end, None),
-                                 (RAW_RETENTION_KEY, raw_hours * 3600.0, None),
-                                 (SPEC_KEY, None, json.dumps(info))):
+        for key, value, text in (
+            (ROLLUP_WATERMARK_KEY, end, None),
+            (ROLLUP10_WATERMARK_KEY, end, None),
+            (RAW_RETENTION_KEY, raw_hours * 3600.0, None),
+            (SPEC_KEY, None, json.dumps(info)),
+        ):
             conn.execute(insert(CollectorState).values(key=key, value=value, text=text))
     db.dispose()
     if not quiet:
@@ -203,8 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or f"sqlite:///{Path(args.out).resolve()}"
     if not args.url:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    info = build_bench_db(url, engines=args.engines, sidecars=args.sidecars, raw_hours=args.raw_hours,
-                          rollup_days=args.rollup_days, force=args.force)
+    info = build_bench_db(
+        url,
+        engines=args.engines,
+        sidecars=args.sidecars,
+        raw_hours=args.raw_hours,
+        rollup_days=args.rollup_days,
+        force=args.force,
+    )
     print(json.dumps(info, indent=2))
     return 0
 

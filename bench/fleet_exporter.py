@@ -50,12 +50,19 @@ def engine_lines(i: int, now: float, *, instance: bool) -> list[str]:
     return lines
 
 
-HEADER = ["# TYPE vllm:prefix_cache_queries counter", "# TYPE vllm:prefix_cache_hits counter",
-          "# TYPE vllm:prompt_tokens counter", "# TYPE vllm:generation_tokens counter",
-          "# TYPE vllm:num_preemptions counter", "# TYPE vllm:kv_cache_usage_perc gauge",
-          "# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge",
-          "# TYPE vllm:cache_config_info gauge", "# TYPE vllm:time_to_first_token_seconds histogram",
-          "# TYPE process_start_time_seconds gauge"]
+HEADER = [
+    "# TYPE vllm:prefix_cache_queries counter",
+    "# TYPE vllm:prefix_cache_hits counter",
+    "# TYPE vllm:prompt_tokens counter",
+    "# TYPE vllm:generation_tokens counter",
+    "# TYPE vllm:num_preemptions counter",
+    "# TYPE vllm:kv_cache_usage_perc gauge",
+    "# TYPE vllm:num_requests_running gauge",
+    "# TYPE vllm:num_requests_waiting gauge",
+    "# TYPE vllm:cache_config_info gauge",
+    "# TYPE vllm:time_to_first_token_seconds histogram",
+    "# TYPE process_start_time_seconds gauge",
+]
 
 
 def fleet_page(n: int) -> bytes:
@@ -77,13 +84,23 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: 
             path = head.split(b" ", 2)[1].decode()
             if path == "/metrics":
                 body, status = fleet_page(n), b"200 OK"
-            elif path.startswith("/engine/") and path.endswith("/metrics") and path.split("/")[2].isdigit() \
-                    and int(path.split("/")[2]) < n:
+            elif (
+                path.startswith("/engine/")
+                and path.endswith("/metrics")
+                and path.split("/")[2].isdigit()
+                and int(path.split("/")[2]) < n
+            ):
                 body, status = engine_page(int(path.split("/")[2])), b"200 OK"
             else:
                 body, status = b"not found\n", b"404 Not Found"
-            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            writer.write(
+                b"HTTP/1.1 "
+                + status
+                + b"\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
         pass

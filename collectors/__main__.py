@@ -28,42 +28,77 @@ log = logging.getLogger("collectors")
 
 
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m collectors",
-                                description="Scrape engines and sidecars into the PrefixOps database and "
-                                            "evaluate alerts. `python -m collectors status` reports from the database.")
-    p.add_argument("--config", metavar="FILE", default=setting(os.environ, "CONFIG"),
-                   help="the fleet TOML: targets, webhooks and settings (reloaded on change; default "
-                        "$PREFIXOPS_CONFIG)")
-    p.add_argument("--engine", metavar="[NAME=]URL", action="append", default=[],
-                   help="engine base URL (the collector adds /metrics), optionally with a display name: "
-                        "gpu-a=http://10.0.0.5:8000; repeatable")
-    p.add_argument("--sidecar", metavar="[NAME=]URL", action="append", default=[],
-                   help="sidecar base URL (the collector adds /state, /sessions, ...), optionally "
-                        "NAME=URL; repeatable")
-    p.add_argument("--database-url", metavar="URL",
-                   help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
-                        "sqlite:///data/prefixops.db)")
-    p.add_argument("--once", action="store_true",
-                   help="scrape every target enough times for rates, evaluate alerts, and exit")
-    p.add_argument("--interval", type=float, metavar="S", help="default scrape interval in seconds (default 1)")
-    p.add_argument("--log-level", default=setting(os.environ, "LOG_LEVEL") or "INFO",
-                   help="logging level (default $PREFIXOPS_LOG_LEVEL, else INFO)")
+    p = argparse.ArgumentParser(
+        prog="python -m collectors",
+        description="Scrape engines and sidecars into the PrefixOps database and "
+        "evaluate alerts. `python -m collectors status` reports from the database.",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=setting(os.environ, "CONFIG"),
+        help="the fleet TOML: targets, webhooks and settings (reloaded on change; default $PREFIXOPS_CONFIG)",
+    )
+    p.add_argument(
+        "--engine",
+        metavar="[NAME=]URL",
+        action="append",
+        default=[],
+        help="engine base URL (the collector adds /metrics), optionally with a display name: "
+        "gpu-a=http://10.0.0.5:8000; repeatable",
+    )
+    p.add_argument(
+        "--sidecar",
+        metavar="[NAME=]URL",
+        action="append",
+        default=[],
+        help="sidecar base URL (the collector adds /state, /sessions, ...), optionally NAME=URL; repeatable",
+    )
+    p.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
+        "sqlite:///data/prefixops.db)",
+    )
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="scrape every target enough times for rates, evaluate alerts, and exit",
+    )
+    p.add_argument(
+        "--interval", type=float, metavar="S", help="default scrape interval in seconds (default 1)"
+    )
+    p.add_argument(
+        "--log-level",
+        default=setting(os.environ, "LOG_LEVEL") or "INFO",
+        help="logging level (default $PREFIXOPS_LOG_LEVEL, else INFO)",
+    )
     return p
 
 
 def _status_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m collectors status",
-                                description="Latest signals, up/down and open alerts per target, from the database.")
-    p.add_argument("--json", action="store_true", help="print a JSON list (one object per target and engine label)")
-    p.add_argument("--database-url", metavar="URL",
-                   help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
-                        "sqlite:///data/prefixops.db)")
+    p = argparse.ArgumentParser(
+        prog="python -m collectors status",
+        description="Latest signals, up/down and open alerts per target, from the database.",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print a JSON list (one object per target and engine label)"
+    )
+    p.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
+        "sqlite:///data/prefixops.db)",
+    )
     return p
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     # Skipped runs of a slow target are counted in the heartbeat, not logged every second.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -78,7 +113,10 @@ def status_main(argv: list[str]) -> int:
     url = database_url(args.database_url)
     path = sqlite_path(url)
     if path is not None and not path.exists():
-        print(f"no database at {path}: start `python -m collectors` first (or pass --database-url)", file=sys.stderr)
+        print(
+            f"no database at {path}: start `python -m collectors` first (or pass --database-url)",
+            file=sys.stderr,
+        )
         return 1
     from collectors.status import render_table, status_rows
 
@@ -89,8 +127,11 @@ def status_main(argv: list[str]) -> int:
             rows = status_rows(conn, now=now)
             beats = queries.heartbeat(conn)
     except SQLAlchemyError as exc:
-        print(f"cannot read the database at {engine.url.render_as_string(hide_password=True)}: "
-              f"{str(exc).splitlines()[0]}", file=sys.stderr)
+        print(
+            f"cannot read the database at {engine.url.render_as_string(hide_password=True)}: "
+            f"{str(exc).splitlines()[0]}",
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
@@ -120,12 +161,16 @@ def run_main(argv: list[str]) -> int:
     try:
         upgrade(engine)
     except SQLAlchemyError as exc:
-        print(f"error: cannot open or migrate the database at "
-              f"{engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(
+            f"error: cannot open or migrate the database at "
+            f"{engine.url.render_as_string(hide_password=True)}: {str(exc).splitlines()[0]}",
+            file=sys.stderr,
+        )
         return 1
     log.info("database %s (schema at the newest revision)", engine.url.render_as_string(hide_password=True))
-    collector = Collector(config, engine, config_path=args.config, cli_engines=args.engine,
-                          cli_sidecars=args.sidecar)
+    collector = Collector(
+        config, engine, config_path=args.config, cli_engines=args.engine, cli_sidecars=args.sidecar
+    )
     if args.once:
         collector.run_once()
         up = sum(1 for h in collector.evaluator.health.values() if h.last_attempt_ok)

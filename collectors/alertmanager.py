@@ -87,17 +87,22 @@ def parse_alertmanagers(value: object, where: str) -> tuple[AlertmanagerTarget, 
         here = f"{where} alertmanagers[{i}]"
         unknown = sorted(set(entry) - {"url", "auth_header", "resend_s", "timeout_s"})
         if unknown:
-            raise AlertmanagerConfigError(f"{here}: unknown key(s) {unknown}; allowed: "
-                                          "['auth_header', 'resend_s', 'timeout_s', 'url']")
+            raise AlertmanagerConfigError(
+                f"{here}: unknown key(s) {unknown}; allowed: ['auth_header', 'resend_s', 'timeout_s', 'url']"
+            )
         numbers = {}
         for key, default in (("resend_s", 60.0), ("timeout_s", 5.0)):
             raw = entry.get(key, default)
             if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw > 0:
-                raise AlertmanagerConfigError(f"{here}: {key} must be a positive number of seconds, got {raw!r}")
+                raise AlertmanagerConfigError(
+                    f"{here}: {key} must be a positive number of seconds, got {raw!r}"
+                )
             numbers[key] = float(raw)
         auth = entry.get("auth_header")
         if auth is not None and (not isinstance(auth, str) or not auth.strip() or "\n" in auth):
-            raise AlertmanagerConfigError(f"{here}: auth_header must be a one-line string, got {type(auth).__name__}")
+            raise AlertmanagerConfigError(
+                f"{here}: auth_header must be a one-line string, got {type(auth).__name__}"
+            )
         out.append(AlertmanagerTarget(url=_http_url(entry.get("url"), here), auth_header=auth, **numbers))
     urls = [a.url for a in out]
     dupes = sorted({u for u in urls if urls.count(u) > 1})
@@ -124,29 +129,50 @@ def engine_page_key(target: Mapping[str, Any], by_url: Mapping[str, Mapping[str,
     return str(target.get("name") or target["url"])
 
 
-def alert_payload(alert: Mapping[str, Any], target: Mapping[str, Any], by_url: Mapping[str, Mapping[str, Any]], *,
-                  dashboard_url: str | None, ends_ts: float) -> dict[str, Any]:
+def alert_payload(
+    alert: Mapping[str, Any],
+    target: Mapping[str, Any],
+    by_url: Mapping[str, Mapping[str, Any]],
+    *,
+    dashboard_url: str | None,
+    ends_ts: float,
+) -> dict[str, Any]:
     rule = str(alert["rule"])
     spec = SPECS.get(rule)
     url = str(target["url"])
-    labels = {"alertname": alert_name(rule), "rule": rule, "severity": str(alert["severity"]),
-              "service": "prefixops", "instance": urlsplit(url).netloc or url, "target": url,
-              "role": str(target.get("role") or "")}
+    labels = {
+        "alertname": alert_name(rule),
+        "rule": rule,
+        "severity": str(alert["severity"]),
+        "service": "prefixops",
+        "instance": urlsplit(url).netloc or url,
+        "target": url,
+        "role": str(target.get("role") or ""),
+    }
     if target.get("name"):
         labels["target_name"] = str(target["name"])
     if alert.get("engine_label"):
         labels["engine"] = str(alert["engine_label"])
-    annotations = {"summary": str(alert.get("summary") or rule),
-                   "description": spec.meaning if spec else rule,
-                   "runbook_url": runbook_anchor(rule) if spec else ""}
+    annotations = {
+        "summary": str(alert.get("summary") or rule),
+        "description": spec.meaning if spec else rule,
+        "runbook_url": runbook_anchor(rule) if spec else "",
+    }
     generator = ""
     if dashboard_url:
         key = engine_page_key(target, by_url)
-        generator = f"{dashboard_url}/engine?engine={quote(key, safe='')}&at={alert['started_ts']:.0f}&range=1h"
+        generator = (
+            f"{dashboard_url}/engine?engine={quote(key, safe='')}&at={alert['started_ts']:.0f}&range=1h"
+        )
         if spec:
             annotations["dashboard_url"] = f"{dashboard_url}/{spec.fix_pages[0]}?engine={quote(key, safe='')}"
-    return {"labels": labels, "annotations": annotations, "startsAt": iso(float(alert["started_ts"])),
-            "endsAt": iso(ends_ts), "generatorURL": generator}
+    return {
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": iso(float(alert["started_ts"])),
+        "endsAt": iso(ends_ts),
+        "generatorURL": generator,
+    }
 
 
 @dataclass
@@ -166,7 +192,9 @@ class _Snapshot:
 class AlertmanagerSender:
     """Keeps every configured Alertmanager up to date with the open alerts in the database."""
 
-    def __init__(self, engine: Engine, client: httpx.Client, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, engine: Engine, client: httpx.Client, *, clock: Callable[[], float] = time.time
+    ) -> None:
         self.engine = engine
         self.client = client
         self.clock = clock
@@ -176,14 +204,29 @@ class AlertmanagerSender:
     def _read(self, now: float, ids: Sequence[int]) -> _Snapshot:
         cols = Alert.__table__.columns
         with self.engine.connect() as conn:
-            open_rows = {r.id: dict(r._mapping) for r in conn.execute(select(*cols).where(Alert.state == "firing"))}
+            open_rows = {
+                r.id: dict(r._mapping) for r in conn.execute(select(*cols).where(Alert.state == "firing"))
+            }
             others = [i for i in ids if i not in open_rows]
-            closed = ({r.id: dict(r._mapping) for r in conn.execute(select(*cols).where(Alert.id.in_(others)))}
-                      if others else {})
-            targets = {r.id: dict(r._mapping) for r in conn.execute(
-                select(Target.id, Target.url, Target.name, Target.role, Target.engine_url))}
-            silences = [(r.rule, r.target_id) for r in conn.execute(
-                select(Silence.rule, Silence.target_id).where(Silence.starts_ts <= now, Silence.ends_ts > now))]
+            closed = (
+                {r.id: dict(r._mapping) for r in conn.execute(select(*cols).where(Alert.id.in_(others)))}
+                if others
+                else {}
+            )
+            targets = {
+                r.id: dict(r._mapping)
+                for r in conn.execute(
+                    select(Target.id, Target.url, Target.name, Target.role, Target.engine_url)
+                )
+            }
+            silences = [
+                (r.rule, r.target_id)
+                for r in conn.execute(
+                    select(Silence.rule, Silence.target_id).where(
+                        Silence.starts_ts <= now, Silence.ends_ts > now
+                    )
+                )
+            ]
         return _Snapshot(open_rows, closed, targets, silences)
 
     def tick(self, alertmanagers: Sequence[AlertmanagerTarget], dashboard_url: str | None) -> int:
@@ -195,10 +238,14 @@ class AlertmanagerSender:
         by_url = {t["url"]: t for t in snap.targets.values()}
 
         def muted(a: Mapping[str, Any]) -> bool:
-            return bool(a.get("silenced")) or any(rule in (None, a["rule"]) and target in (None, a["target_id"])
-                                                  for rule, target in snap.silences)
+            return bool(a.get("silenced")) or any(
+                rule in (None, a["rule"]) and target in (None, a["target_id"])
+                for rule, target in snap.silences
+            )
 
-        firing = {i: a for i, a in snap.open_rows.items() if a.get("target_id") in snap.targets and not muted(a)}
+        firing = {
+            i: a for i, a in snap.open_rows.items() if a.get("target_id") in snap.targets and not muted(a)
+        }
         delivered = 0
         for am in alertmanagers:
             sent = dict(self.sent.get(am.url, {}))  # committed only when the POST succeeds
@@ -206,8 +253,15 @@ class AlertmanagerSender:
             for alert_id, alert in firing.items():
                 last = sent.get(alert_id)
                 if last is None or last.resolved_ts is not None or now - last.last_ts >= am.resend_s:
-                    batch.append(alert_payload(alert, snap.targets[alert["target_id"]], by_url,
-                                               dashboard_url=dashboard_url, ends_ts=now + 4 * am.resend_s))
+                    batch.append(
+                        alert_payload(
+                            alert,
+                            snap.targets[alert["target_id"]],
+                            by_url,
+                            dashboard_url=dashboard_url,
+                            ends_ts=now + 4 * am.resend_s,
+                        )
+                    )
                     sent[alert_id] = _Sent(now)
             for alert_id, last in list(sent.items()):
                 if alert_id in firing:
@@ -216,13 +270,22 @@ class AlertmanagerSender:
                 if ending is None or ending.get("target_id") not in snap.targets:
                     del sent[alert_id]  # gone from the database (target removed): nothing left to end
                     continue
-                ended = last.resolved_ts or (float(ending["resolved_ts"]) if ending.get("resolved_ts") else now)
+                ended = last.resolved_ts or (
+                    float(ending["resolved_ts"]) if ending.get("resolved_ts") else now
+                )
                 if last.resolved_ts is not None and now - last.resolved_ts >= RESOLVED_RESEND_S:
                     del sent[alert_id]
                     continue
                 if last.resolved_ts is None or now - last.last_ts >= am.resend_s:
-                    batch.append(alert_payload(ending, snap.targets[ending["target_id"]], by_url,
-                                               dashboard_url=dashboard_url, ends_ts=ended))
+                    batch.append(
+                        alert_payload(
+                            ending,
+                            snap.targets[ending["target_id"]],
+                            by_url,
+                            dashboard_url=dashboard_url,
+                            ends_ts=ended,
+                        )
+                    )
                     sent[alert_id] = _Sent(now, ended)
             if not batch or self._post(am, batch):
                 self.sent[am.url] = sent
@@ -231,8 +294,9 @@ class AlertmanagerSender:
 
     def _post(self, am: AlertmanagerTarget, batch: list[dict[str, Any]]) -> bool:
         try:
-            response = self.client.post(am.url + "/api/v2/alerts", json=batch, headers=am.headers,
-                                        timeout=am.timeout_s)
+            response = self.client.post(
+                am.url + "/api/v2/alerts", json=batch, headers=am.headers, timeout=am.timeout_s
+            )
             ok = 200 <= response.status_code < 300
             error = None if ok else f"HTTP {response.status_code}: {response.text[:200]!r}"
         except httpx.HTTPError as exc:

@@ -23,19 +23,32 @@ from core import signals as sig
 
 log = logging.getLogger(__name__)
 
-LIMIT = float(2 ** 53)
+LIMIT = float(2**53)
 UNIT = (0.0, 1.0)
 NON_NEGATIVE = (0.0, LIMIT)
 SIGNAL_RANGES: dict[str, tuple[float, float]] = {
     **{name: NON_NEGATIVE for name in sig.ALL_SIGNALS},
-    **{name: UNIT for name in (sig.KV_USAGE, sig.ENGINE_HIT_RATIO, sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED,
-                               sig.THIN_REUSE, sig.BAND_LOW, sig.BAND_HIGH, sig.LOW_HALF_CACHED_FRACTION,
-                               sig.UP)},
+    **{
+        name: UNIT
+        for name in (
+            sig.KV_USAGE,
+            sig.ENGINE_HIT_RATIO,
+            sig.TOKEN_WEIGHTED,
+            sig.REQUEST_WEIGHTED,
+            sig.THIN_REUSE,
+            sig.BAND_LOW,
+            sig.BAND_HIGH,
+            sig.LOW_HALF_CACHED_FRACTION,
+            sig.UP,
+        )
+    },
     sig.DIVERGENCE: (-1.0, 1.0),
 }
 # (part, whole, signals derived from the part): part <= whole, else the part and what it fed are dropped
-NOT_ABOVE = ((sig.PREFIX_CACHE_HITS_PER_S, sig.PREFIX_CACHE_QUERIES_PER_S, (sig.ENGINE_HIT_RATIO,)),
-             (sig.CACHED_TOKENS_PER_S, sig.PROMPT_TOKENS_PER_S, (sig.ENGINE_HIT_RATIO,)))
+NOT_ABOVE = (
+    (sig.PREFIX_CACHE_HITS_PER_S, sig.PREFIX_CACHE_QUERIES_PER_S, (sig.ENGINE_HIT_RATIO,)),
+    (sig.CACHED_TOKENS_PER_S, sig.PROMPT_TOKENS_PER_S, (sig.ENGINE_HIT_RATIO,)),
+)
 SKIP_FIELDS = frozenset({"data", "params"})  # JSON documents kept as sent
 
 
@@ -59,8 +72,11 @@ class Checker:
 
     def _drop(self, field: str, value: Any, why: str) -> None:
         self.dropped += 1
-        self.warn_once(field, f"{self.url}: {field} = {value!r:.40} is {why}: stored as null "
-                              "(warned once; later values out of range are dropped silently)")
+        self.warn_once(
+            field,
+            f"{self.url}: {field} = {value!r:.40} is {why}: stored as null "
+            "(warned once; later values out of range are dropped silently)",
+        )
 
     def signals(self, values: dict[str, float], label: str = "") -> dict[str, float]:
         """Signals of one engine label (or a sidecar) with out-of-range values removed."""
@@ -85,8 +101,11 @@ class Checker:
         by_label: dict[str, dict[str, float]] = {}
         for label, name, value in samples:
             by_label.setdefault(label, {})[name] = value
-        return [(label, name, value) for label, values in by_label.items()
-                for name, value in self.signals(values, label).items()]
+        return [
+            (label, name, value)
+            for label, values in by_label.items()
+            for name, value in self.signals(values, label).items()
+        ]
 
     def row(self, row: dict[str, Any] | None, document: str) -> dict[str, Any] | None:
         """A parsed sidecar row with every numeric field in range (others are nulled);

@@ -78,7 +78,9 @@ def normalise_url(url: str, *, where: str = "target") -> str:
         raise ConfigError(f"{where}: URL must be http(s)://host[:port][/path], got {url!r}")
     for suffix in ("/metrics", "/state"):
         if url.endswith(suffix):
-            raise ConfigError(f"{where}: give the base URL, not {suffix} (the collector adds it), got {url!r}")
+            raise ConfigError(
+                f"{where}: give the base URL, not {suffix} (the collector adds it), got {url!r}"
+            )
     return url
 
 
@@ -87,7 +89,9 @@ def check_matchers(matchers: str, where: str) -> str:
     validates them fully at query time."""
     text = matchers.strip().strip("{}").strip()
     if text and ("=" not in text or any(c in text for c in "\n{}")):
-        raise ConfigError(f"{where}: matchers must look like 'job=\"vllm\", cluster=~\"eu-.*\"', got {matchers!r}")
+        raise ConfigError(
+            f'{where}: matchers must look like \'job="vllm", cluster=~"eu-.*"\', got {matchers!r}'
+        )
     return text
 
 
@@ -112,7 +116,9 @@ class EngineTarget:
         if self.kind not in ENGINE_KINDS:
             raise ConfigError(f"engine {self.url}: kind must be one of {ENGINE_KINDS}, got {self.kind!r}")
         if self.kind != "prometheus" and (self.matchers or self.auth_header):
-            raise ConfigError(f"engine {self.url}: matchers and auth_header apply to kind = \"prometheus\" only")
+            raise ConfigError(
+                f'engine {self.url}: matchers and auth_header apply to kind = "prometheus" only'
+            )
         if self.kind == "prometheus":
             check_matchers(self.matchers, f"engine {self.url}")
 
@@ -138,7 +144,9 @@ class Webhook:
 
     def __post_init__(self) -> None:
         if self.format not in WEBHOOK_FORMATS:
-            raise ConfigError(f"webhook {self.url}: format must be one of {WEBHOOK_FORMATS}, got {self.format!r}")
+            raise ConfigError(
+                f"webhook {self.url}: format must be one of {WEBHOOK_FORMATS}, got {self.format!r}"
+            )
         if self.max_attempts < 1:
             raise ConfigError(f"webhook {self.url}: max_attempts must be at least 1, got {self.max_attempts}")
 
@@ -217,33 +225,56 @@ def _labels(value: Any, where: str) -> dict[str, str]:
 
 def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfig:
     """Validate a parsed TOML document into a CollectorConfig (raises ConfigError)."""
-    _check_keys(data, {"collector", "engines", "sidecars", "webhooks", "alerts", "alertmanagers", "dashboard_url"},
-                path)
+    _check_keys(
+        data,
+        {"collector", "engines", "sidecars", "webhooks", "alerts", "alertmanagers", "dashboard_url"},
+        path,
+    )
     general = data.get("collector", {})
     if not isinstance(general, dict):
         raise ConfigError(f"{path}: [collector] must be a table")
-    _check_keys(general, {"interval_s", "timeout_s", "raw_retention_h", "rollup_retention_d", "max_page_bytes"},
-                f"{path} [collector]")
+    _check_keys(
+        general,
+        {"interval_s", "timeout_s", "raw_retention_h", "rollup_retention_d", "max_page_bytes"},
+        f"{path} [collector]",
+    )
     engines = []
     for i, entry in enumerate(_table_list(data, "engines", path)):
         where = f"{path} engines[{i}]"
         _check_keys(entry, {"url", "kind", "name", "labels", "interval_s", "matchers", "auth_header"}, where)
-        engines.append(EngineTarget(
-            url=normalise_url(str(entry.get("url", "")), where=where), kind=str(entry.get("kind", "auto")),
-            name=entry.get("name"), labels=_labels(entry.get("labels"), where),
-            matchers=str(entry.get("matchers", "")), auth_header=entry.get("auth_header"),
-            interval_s=_positive(entry["interval_s"], "interval_s", where) if "interval_s" in entry else None))
+        engines.append(
+            EngineTarget(
+                url=normalise_url(str(entry.get("url", "")), where=where),
+                kind=str(entry.get("kind", "auto")),
+                name=entry.get("name"),
+                labels=_labels(entry.get("labels"), where),
+                matchers=str(entry.get("matchers", "")),
+                auth_header=entry.get("auth_header"),
+                interval_s=_positive(entry["interval_s"], "interval_s", where)
+                if "interval_s" in entry
+                else None,
+            )
+        )
     sidecars = []
     for i, entry in enumerate(_table_list(data, "sidecars", path)):
         where = f"{path} sidecars[{i}]"
-        _check_keys(entry, {"url", "engine", "name", "labels", "viewer_token", "operator_token", "interval_s"}, where)
+        _check_keys(
+            entry, {"url", "engine", "name", "labels", "viewer_token", "operator_token", "interval_s"}, where
+        )
         engine = entry.get("engine")
-        sidecars.append(SidecarTarget(
-            url=normalise_url(str(entry.get("url", "")), where=where),
-            engine=normalise_url(str(engine), where=f"{where} engine") if engine else None,
-            name=entry.get("name"), labels=_labels(entry.get("labels"), where),
-            viewer_token=entry.get("viewer_token"), operator_token=entry.get("operator_token"),
-            interval_s=_positive(entry["interval_s"], "interval_s", where) if "interval_s" in entry else None))
+        sidecars.append(
+            SidecarTarget(
+                url=normalise_url(str(entry.get("url", "")), where=where),
+                engine=normalise_url(str(engine), where=f"{where} engine") if engine else None,
+                name=entry.get("name"),
+                labels=_labels(entry.get("labels"), where),
+                viewer_token=entry.get("viewer_token"),
+                operator_token=entry.get("operator_token"),
+                interval_s=_positive(entry["interval_s"], "interval_s", where)
+                if "interval_s" in entry
+                else None,
+            )
+        )
     webhooks = []
     for i, entry in enumerate(_table_list(data, "webhooks", path)):
         where = f"{path} webhooks[{i}]"
@@ -251,10 +282,15 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfi
         url = str(entry.get("url", ""))
         if urlsplit(url).scheme not in ("http", "https"):
             raise ConfigError(f"{where}: url must be http(s), got {url!r}")
-        webhooks.append(Webhook(url=url, format=str(entry.get("format", "json")),
-                                max_attempts=int(entry.get("max_attempts", 8)),
-                                timeout_s=_positive(entry.get("timeout_s", 5.0), "timeout_s", where),
-                                headers=_labels(entry.get("headers"), where)))
+        webhooks.append(
+            Webhook(
+                url=url,
+                format=str(entry.get("format", "json")),
+                max_attempts=int(entry.get("max_attempts", 8)),
+                timeout_s=_positive(entry.get("timeout_s", 5.0), "timeout_s", where),
+                headers=_labels(entry.get("headers"), where),
+            )
+        )
     for kind, items in (("engine", engines), ("sidecar", sidecars)):
         urls = [t.url for t in items]
         dupes = sorted({u for u in urls if urls.count(u) > 1})
@@ -271,14 +307,19 @@ def parse_config(data: dict[str, Any], path: str = "<config>") -> CollectorConfi
     except AlertmanagerConfigError as exc:
         raise ConfigError(str(exc)) from None
     return CollectorConfig(
-        engines=tuple(engines), sidecars=tuple(sidecars), webhooks=tuple(webhooks),
-        alertmanagers=alertmanagers, dashboard_url=dashboard_url,
+        engines=tuple(engines),
+        sidecars=tuple(sidecars),
+        webhooks=tuple(webhooks),
+        alertmanagers=alertmanagers,
+        dashboard_url=dashboard_url,
         interval_s=_positive(general.get("interval_s", 1.0), "interval_s", f"{path} [collector]"),
         timeout_s=_positive(general.get("timeout_s", 2.0), "timeout_s", f"{path} [collector]"),
         raw_retention_s=_positive(general.get("raw_retention_h", 24), "raw_retention_h", path) * 3600.0,
-        rollup_retention_s=_positive(general.get("rollup_retention_d", 30), "rollup_retention_d", path) * 86400.0,
+        rollup_retention_s=_positive(general.get("rollup_retention_d", 30), "rollup_retention_d", path)
+        * 86400.0,
         max_page_bytes=int(_positive(general.get("max_page_bytes", 20_000_000), "max_page_bytes", path)),
-        alerts=alert_settings, source=path,
+        alerts=alert_settings,
+        source=path,
     )
 
 
@@ -322,8 +363,9 @@ class ConfigWatcher:
         return load_config(self.path)
 
 
-def config_from_args(config_path: str | None, engines: list[str], sidecars: list[str],
-                     interval_s: float | None = None) -> CollectorConfig:
+def config_from_args(
+    config_path: str | None, engines: list[str], sidecars: list[str], interval_s: float | None = None
+) -> CollectorConfig:
     """The command line's configuration: the file (if any), its --engine/--sidecar targets, --interval."""
     config = load_config(config_path) if config_path else CollectorConfig()
     config = config.with_cli_targets(engines, sidecars)

@@ -36,7 +36,9 @@ from db.models import Sample, Series
 
 FORMAT = "prefixops-incident/1"
 # "token" but not "tokens" (prompt_tokens, pool_tokens, ... are counts, not secrets)
-SECRET_KEY = re.compile(r"token(?!s)|password|passphrase|secret|authorization|cookie|^headers?$|api[_-]?key", re.I)
+SECRET_KEY = re.compile(
+    r"token(?!s)|password|passphrase|secret|authorization|cookie|^headers?$|api[_-]?key", re.I
+)
 
 
 class IncidentError(ValueError):
@@ -52,8 +54,9 @@ def parse_time(text: str, flag: str) -> float:
     try:
         parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise IncidentError(f"{flag} must be an RFC 3339 time (2026-12-01T14:00:00Z) or epoch seconds, "
-                            f"got {text!r}") from None
+        raise IncidentError(
+            f"{flag} must be an RFC 3339 time (2026-12-01T14:00:00Z) or epoch seconds, got {text!r}"
+        ) from None
     if parsed.tzinfo is None:
         raise IncidentError(f"{flag} {text!r} has no time zone: add Z or an offset")
     return parsed.timestamp()
@@ -73,55 +76,88 @@ def find_targets(conn: Connection, engine: str) -> list[dict[str, Any]]:
     found = [t for t in targets if t["role"] == "engine" and engine in (t["name"], t["url"])]
     if not found:
         names = sorted(str(t["name"] or t["url"]) for t in targets if t["role"] == "engine")
-        raise IncidentError(f"--engine {engine!r} is not an engine the collectors know; known: {', '.join(names)}")
+        raise IncidentError(
+            f"--engine {engine!r} is not an engine the collectors know; known: {', '.join(names)}"
+        )
     eng = found[0]
     return [eng, *(t for t in targets if t["role"] == "sidecar" and t["engine_url"] == eng["url"])]
 
 
-def _series(conn: Connection, targets: list[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
+def _series(
+    conn: Connection, targets: list[dict[str, Any]], start: float, end: float
+) -> list[dict[str, Any]]:
     by_id = {t["id"]: t["url"] for t in targets}
-    rows = conn.execute(select(Series.id, Series.target_id, Series.engine_label, Series.signal, Sample.ts,
-                               Sample.value).join(Sample, Sample.series_id == Series.id)
-                        .where(Series.target_id.in_(list(by_id)), Sample.ts >= start, Sample.ts <= end)
-                        .order_by(Series.id, Sample.ts)).all()
+    rows = conn.execute(
+        select(Series.id, Series.target_id, Series.engine_label, Series.signal, Sample.ts, Sample.value)
+        .join(Sample, Sample.series_id == Series.id)
+        .where(Series.target_id.in_(list(by_id)), Sample.ts >= start, Sample.ts <= end)
+        .order_by(Series.id, Sample.ts)
+    ).all()
     out: dict[int, dict[str, Any]] = {}
     for sid, tid, label, signal, ts, value in rows:
-        s = out.setdefault(sid, {"target": by_id[tid], "engine": label or None, "signal": signal, "ts": [],
-                                 "value": []})
+        s = out.setdefault(
+            sid, {"target": by_id[tid], "engine": label or None, "signal": signal, "ts": [], "value": []}
+        )
         s["ts"].append(ts)
         s["value"].append(value)
     return list(out.values())
 
 
-def bundle(conn: Connection, engine: str, start: float, end: float, now: float | None = None) -> dict[str, Any]:
+def bundle(
+    conn: Connection, engine: str, start: float, end: float, now: float | None = None
+) -> dict[str, Any]:
     if end <= start:
         raise IncidentError(f"--to ({end}) must be after --from ({start})")
     targets = find_targets(conn, engine)
     ids = [t["id"] for t in targets]
     sidecar_ids = [t["id"] for t in targets if t["role"] == "sidecar"]
     alerts = [a for a in queries.alerts(conn, target_id=ids, since_ts=start, until_ts=end, limit=10_000)]
-    audit = queries.audit(conn, target_id=sidecar_ids, since_ts=start, until_ts=end, limit=100_000) \
-        + queries.audit(conn, source="dashboard", since_ts=start, until_ts=end, limit=100_000)
+    audit = queries.audit(
+        conn, target_id=sidecar_ids, since_ts=start, until_ts=end, limit=100_000
+    ) + queries.audit(conn, source="dashboard", since_ts=start, until_ts=end, limit=100_000)
     audit = [a for a in audit if a["source"] != "dashboard" or a["target_id"] in (None, *ids)]
     states = {s["target_id"]: s for s in queries.sidecar_state(conn, sidecar_ids)} if sidecar_ids else {}
     settings = {
-        "sidecars": {t["url"]: {k: (states.get(t["id"], {}).get("state") or {}).get(k)
-                                for k in ("budgeter", "compaction")} | {"as_of": states.get(t["id"], {}).get("ts")}
-                     for t in targets if t["role"] == "sidecar"},
-        "changes": sorted(({"ts": a["ts"], "actor": a["actor"], "action": a["action"], "params": a["params"]}
-                           for a in audit if (a["action"] or "").startswith("budgeter")), key=lambda a: a["ts"]),
+        "sidecars": {
+            t["url"]: {
+                k: (states.get(t["id"], {}).get("state") or {}).get(k) for k in ("budgeter", "compaction")
+            }
+            | {"as_of": states.get(t["id"], {}).get("ts")}
+            for t in targets
+            if t["role"] == "sidecar"
+        },
+        "changes": sorted(
+            (
+                {"ts": a["ts"], "actor": a["actor"], "action": a["action"], "params": a["params"]}
+                for a in audit
+                if (a["action"] or "").startswith("budgeter")
+            ),
+            key=lambda a: a["ts"],
+        ),
     }
     doc = {
         "format": FORMAT,
         "exported_at": time.time() if now is None else now,
-        "engine": engine, "from": start, "to": end,
-        "targets": [{k: t[k] for k in ("url", "role", "kind", "name", "labels", "engine_url")} for t in targets],
+        "engine": engine,
+        "from": start,
+        "to": end,
+        "targets": [
+            {k: t[k] for k in ("url", "role", "kind", "name", "labels", "engine_url")} for t in targets
+        ],
         "series": _series(conn, targets, start, end),
         "alerts": sorted(alerts, key=lambda a: a["started_ts"]),
         "audit": sorted(audit, key=lambda a: a["ts"]),
-        "decisions": sorted(queries.compaction_decisions(conn, target_id=sidecar_ids, since_ts=start, until_ts=end,
-                                                         limit=100_000), key=lambda d: d["ts"]) if sidecar_ids else [],
-        "turns": queries.turns(conn, target_id=sidecar_ids, start_ts=start, end_ts=end) if sidecar_ids else [],
+        "decisions": sorted(
+            queries.compaction_decisions(
+                conn, target_id=sidecar_ids, since_ts=start, until_ts=end, limit=100_000
+            ),
+            key=lambda d: d["ts"],
+        )
+        if sidecar_ids
+        else [],
+        "turns": queries.turns(conn, target_id=sidecar_ids, start_ts=start, end_ts=end)
+        if sidecar_ids
+        else [],
         "settings": settings,
     }
     scrubbed: dict[str, Any] = scrub(doc)
@@ -154,16 +190,27 @@ def read_bundle(path: str | Path) -> dict[str, Any]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m collectors export-incident",
-                                description="Write an incident bundle (series, alerts, audit actions, turns, settings "
-                                            "in force) of one engine over a time range; no tokens or passwords.")
-    p.add_argument("--engine", required=True, help="the engine's name as `collectors status` shows it (or its URL)")
-    p.add_argument("--from", dest="start", required=True, metavar="T1", help="start: RFC 3339 or epoch seconds")
+    p = argparse.ArgumentParser(
+        prog="python -m collectors export-incident",
+        description="Write an incident bundle (series, alerts, audit actions, turns, settings "
+        "in force) of one engine over a time range; no tokens or passwords.",
+    )
+    p.add_argument(
+        "--engine", required=True, help="the engine's name as `collectors status` shows it (or its URL)"
+    )
+    p.add_argument(
+        "--from", dest="start", required=True, metavar="T1", help="start: RFC 3339 or epoch seconds"
+    )
     p.add_argument("--to", dest="end", required=True, metavar="T2", help="end: RFC 3339 or epoch seconds")
-    p.add_argument("--out", required=True, metavar="FILE", help="output JSON file; gzip-compressed when it ends in .gz")
-    p.add_argument("--database-url", metavar="URL",
-                   help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
-                        "sqlite:///data/prefixops.db)")
+    p.add_argument(
+        "--out", required=True, metavar="FILE", help="output JSON file; gzip-compressed when it ends in .gz"
+    )
+    p.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="SQLAlchemy URL (default $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else "
+        "sqlite:///data/prefixops.db)",
+    )
     return p
 
 
@@ -182,6 +229,8 @@ def main(argv: list[str]) -> int:
     except IncidentError as exc:
         print(f"export-incident: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {path}: {len(doc['series'])} series, {len(doc['alerts'])} alerts, {len(doc['audit'])} audit "
-          f"actions, {len(doc['turns'])} turns")
+    print(
+        f"wrote {path}: {len(doc['series'])} series, {len(doc['alerts'])} alerts, {len(doc['audit'])} audit "
+        f"actions, {len(doc['turns'])} turns"
+    )
     return 0

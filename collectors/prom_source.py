@@ -113,21 +113,31 @@ class PromSource:
 
     def query(self, client: httpx.Client, promql: str, ts: float) -> list[dict[str, Any]]:
         try:
-            response = client.get(self.url + "/api/v1/query", params={"query": promql, "time": f"{ts:.3f}"},
-                                  headers=self._headers(), timeout=self.timeout_s)
+            response = client.get(
+                self.url + "/api/v1/query",
+                params={"query": promql, "time": f"{ts:.3f}"},
+                headers=self._headers(),
+                timeout=self.timeout_s,
+            )
         except httpx.HTTPError as exc:
             raise PromQueryError(f"{self.url}/api/v1/query {promql!r}: {type(exc).__name__}: {exc}") from None
         try:
             doc = response.json()
         except ValueError:
-            raise PromQueryError(f"{self.url}/api/v1/query {promql!r}: HTTP {response.status_code}, not JSON "
-                                 f"(starts with {response.text[:80]!r})") from None
+            raise PromQueryError(
+                f"{self.url}/api/v1/query {promql!r}: HTTP {response.status_code}, not JSON "
+                f"(starts with {response.text[:80]!r})"
+            ) from None
         if response.status_code != 200 or doc.get("status") != "success":
-            raise PromQueryError(f"{self.url}/api/v1/query {promql!r}: HTTP {response.status_code}: "
-                                 f"{doc.get('errorType', '')} {doc.get('error', '')}".rstrip())
+            raise PromQueryError(
+                f"{self.url}/api/v1/query {promql!r}: HTTP {response.status_code}: "
+                f"{doc.get('errorType', '')} {doc.get('error', '')}".rstrip()
+            )
         data = doc.get("data") or {}
         if data.get("resultType") != "vector":
-            raise PromQueryError(f"{self.url}/api/v1/query {promql!r}: expected a vector, got {data.get('resultType')}")
+            raise PromQueryError(
+                f"{self.url}/api/v1/query {promql!r}: expected a vector, got {data.get('resultType')}"
+            )
         return list(data.get("result") or [])
 
     def scrape(self, client: httpx.Client) -> list[ScrapeOutcome]:
@@ -136,16 +146,35 @@ class PromSource:
         matchers = self.target.matchers
         try:
             up = self.query(client, selector(("up",), matchers), ts)
-            stamps = self.query(client, f"timestamp({selector(('vllm:num_requests_running',), matchers)})", ts)
+            stamps = self.query(
+                client, f"timestamp({selector(('vllm:num_requests_running',), matchers)})", ts
+            )
             families = [self.query(client, selector(names, matchers), ts) for names in FAMILIES]
             start = self.query(client, selector(("process_start_time_seconds",), matchers), ts)
         except PromQueryError as exc:
-            return [ScrapeOutcome(self.url, self.role, ts, False, time.perf_counter() - started, error=str(exc),
-                                  kind="prometheus")]
+            return [
+                ScrapeOutcome(
+                    self.url,
+                    self.role,
+                    ts,
+                    False,
+                    time.perf_counter() - started,
+                    error=str(exc),
+                    kind="prometheus",
+                )
+            ]
         outcomes = self._engine_outcomes(up, stamps, families, start, ts)
         duration = time.perf_counter() - started
-        api = ScrapeOutcome(self.url, self.role, ts, True, duration, kind="prometheus",
-                            samples=[("", sig.UP, 1.0), ("", sig.SCRAPE_DURATION_S, duration)], engine_labels=())
+        api = ScrapeOutcome(
+            self.url,
+            self.role,
+            ts,
+            True,
+            duration,
+            kind="prometheus",
+            samples=[("", sig.UP, 1.0), ("", sig.SCRAPE_DURATION_S, duration)],
+            engine_labels=(),
+        )
         return [api, *outcomes]
 
     def _engine(self, labels: dict[str, str]) -> _Engine:
@@ -155,21 +184,32 @@ class PromSource:
             instance = key[1] or key[0]
             target_labels = {k: v for k, v in labels.items() if k not in SERIES_LABELS and k != "instance"}
             url = engine_url(instance)
-            scraper = EngineScraper(EngineTarget(url=url, kind="vllm", name=instance, labels=target_labels),
-                                    interval_s=self.interval_s, timeout_s=self.timeout_s, max_page_bytes=0,
-                                    clock=self.clock)
+            scraper = EngineScraper(
+                EngineTarget(url=url, kind="vllm", name=instance, labels=target_labels),
+                interval_s=self.interval_s,
+                timeout_s=self.timeout_s,
+                max_page_bytes=0,
+                clock=self.clock,
+            )
             found = self.engines[key] = _Engine(url, instance, target_labels, scraper)
         return found
 
-    def _engine_outcomes(self, up: list[dict[str, Any]], stamps: list[dict[str, Any]],
-                         families: list[list[dict[str, Any]]], start: list[dict[str, Any]],
-                         ts: float) -> list[ScrapeOutcome]:
+    def _engine_outcomes(
+        self,
+        up: list[dict[str, Any]],
+        stamps: list[dict[str, Any]],
+        families: list[list[dict[str, Any]]],
+        start: list[dict[str, Any]],
+        ts: float,
+    ) -> list[ScrapeOutcome]:
         samples: dict[tuple[str, str], list[tuple[str, dict[str, str], float]]] = {}
         for result in families + [start]:
             for row in result:
                 labels = row["metric"]
                 key = (labels.get("job", ""), labels.get("instance", ""))
-                samples.setdefault(key, []).append((labels.get("__name__", ""), labels, float(row["value"][1])))
+                samples.setdefault(key, []).append(
+                    (labels.get("__name__", ""), labels, float(row["value"][1]))
+                )
         scraped_at: dict[tuple[str, str], float] = {}
         for row in stamps:
             key = (row["metric"].get("job", ""), row["metric"].get("instance", ""))
@@ -184,8 +224,17 @@ class PromSource:
             up_value, up_labels = up_of.get(key, (1.0, {}))
             if up_value < 1 and (engine_samples or key in self.engines):
                 engine = self._engine(up_labels)
-                out.append(ScrapeOutcome(engine.url, "engine", ts, False, 0.0, kind="vllm",
-                                         error=f"Prometheus {self.url} reports up == 0 for {key[1] or key[0]}"))
+                out.append(
+                    ScrapeOutcome(
+                        engine.url,
+                        "engine",
+                        ts,
+                        False,
+                        0.0,
+                        kind="vllm",
+                        error=f"Prometheus {self.url} reports up == 0 for {key[1] or key[0]}",
+                    )
+                )
                 continue
             if not engine_samples:
                 continue  # not a vLLM engine (another target of the matched jobs), or its series are gone
@@ -196,8 +245,17 @@ class PromSource:
             engine.last_sample_ts = sample_ts
             page = em.page_from_samples(engine_samples, "vllm")
             if not page.engines:
-                out.append(ScrapeOutcome(engine.url, "engine", ts, False, 0.0, kind="vllm",
-                                         error=f"Prometheus {self.url}: no vLLM engine metrics for {engine.name}"))
+                out.append(
+                    ScrapeOutcome(
+                        engine.url,
+                        "engine",
+                        ts,
+                        False,
+                        0.0,
+                        kind="vllm",
+                        error=f"Prometheus {self.url}: no vLLM engine metrics for {engine.name}",
+                    )
+                )
                 continue
             out.append(engine.scraper.ingest_page(page, sample_ts))
         return out
@@ -209,17 +267,30 @@ def register_engines(store: Store, engines: Mapping[str, _Engine], *, now: float
     if not engines:
         return
     with store.engine.begin() as conn:
-        existing = {r.url: r.id for r in conn.execute(select(Target.id, Target.url).where(
-            Target.url.in_(list(engines))))}
+        existing = {
+            r.url: r.id
+            for r in conn.execute(select(Target.id, Target.url).where(Target.url.in_(list(engines))))
+        }
         for url, e in engines.items():
-            values = {"role": "engine", "configured_kind": "prometheus", "name": e.name, "labels": e.labels,
-                      "interval_s": e.scraper.interval_s, "configured": True}
+            values = {
+                "role": "engine",
+                "configured_kind": "prometheus",
+                "name": e.name,
+                "labels": e.labels,
+                "interval_s": e.scraper.interval_s,
+                "configured": True,
+            }
             if url in existing:
                 conn.execute(update(Target).where(Target.id == existing[url]).values(**values))
             else:
-                conn.execute(insert(Target).values(url=url, kind="vllm", up=False, consecutive_failures=0,
-                                                   created_ts=now, **values))
-        rows = conn.execute(select(Target.id, Target.url, Target.role).where(Target.url.in_(list(engines)))).all()
+                conn.execute(
+                    insert(Target).values(
+                        url=url, kind="vllm", up=False, consecutive_failures=0, created_ts=now, **values
+                    )
+                )
+        rows = conn.execute(
+            select(Target.id, Target.url, Target.role).where(Target.url.in_(list(engines)))
+        ).all()
     for r in rows:
         store.target_ids[r.url] = r.id
         store.target_roles[r.url] = r.role

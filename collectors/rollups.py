@@ -32,14 +32,18 @@ class Rollups:
         return conn.execute(select(CollectorState.value).where(CollectorState.key == key)).scalar()
 
     def _set_state(self, conn: Connection, key: str, value: float) -> None:
-        if not conn.execute(update(CollectorState).where(CollectorState.key == key).values(value=value)).rowcount:
+        if not conn.execute(
+            update(CollectorState).where(CollectorState.key == key).values(value=value)
+        ).rowcount:
             conn.execute(insert(CollectorState).values(key=key, value=value))
 
     def all_series_ids(self, conn: Connection) -> list[int]:
         return list(conn.execute(select(Series.id).order_by(Series.id)).scalars())
 
     @staticmethod
-    def _first_bucket(conn: Connection, table: Any, ids: Sequence[int], bucket_s: float, *, default: float) -> float:
+    def _first_bucket(
+        conn: Connection, table: Any, ids: Sequence[int], bucket_s: float, *, default: float
+    ) -> float:
         """Start of the bucket holding the oldest row of `table` (samples or a rollup tier), or `default`."""
         first = None
         for chunk in _chunks(ids):
@@ -64,16 +68,23 @@ class Rollups:
                     self._set_state(conn, ROLLUP_WATERMARK_KEY, start)
                 return 0
             for chunk in _chunks(ids):
-                rows = conn.execute(select(Sample.series_id, Sample.ts, Sample.value)
-                                    .where(Sample.series_id.in_(chunk), Sample.ts >= start, Sample.ts < stop)
-                                    .order_by(Sample.series_id, Sample.ts)).all()
+                rows = conn.execute(
+                    select(Sample.series_id, Sample.ts, Sample.value)
+                    .where(Sample.series_id.in_(chunk), Sample.ts >= start, Sample.ts < stop)
+                    .order_by(Sample.series_id, Sample.ts)
+                ).all()
                 out = rollup_rows(rows)
                 if out:
                     # A restart may re-roll a minute it already wrote: replace it.
                     keys = {(r["series_id"], r["ts"]) for r in out}
                     minutes = sorted({k[1] for k in keys})
-                    conn.execute(delete(Rollup1m).where(Rollup1m.series_id.in_(chunk), Rollup1m.ts >= minutes[0],
-                                                        Rollup1m.ts <= minutes[-1]))
+                    conn.execute(
+                        delete(Rollup1m).where(
+                            Rollup1m.series_id.in_(chunk),
+                            Rollup1m.ts >= minutes[0],
+                            Rollup1m.ts <= minutes[-1],
+                        )
+                    )
                     conn.execute(insert(Rollup1m), out)
                     written += len(out)
             self._set_state(conn, ROLLUP_WATERMARK_KEY, stop)
@@ -96,15 +107,26 @@ class Rollups:
             stop = min(end, start + 7 * 86400.0)  # a week per transaction when backfilling
             if stop > start:
                 for chunk in _chunks(ids):
-                    rows = conn.execute(select(Rollup1m.series_id, Rollup1m.ts, Rollup1m.min, Rollup1m.max,
-                                               Rollup1m.mean, Rollup1m.last, Rollup1m.count)
-                                        .where(Rollup1m.series_id.in_(chunk), Rollup1m.ts >= start,
-                                               Rollup1m.ts < stop)
-                                        .order_by(Rollup1m.series_id, Rollup1m.ts)).all()
+                    rows = conn.execute(
+                        select(
+                            Rollup1m.series_id,
+                            Rollup1m.ts,
+                            Rollup1m.min,
+                            Rollup1m.max,
+                            Rollup1m.mean,
+                            Rollup1m.last,
+                            Rollup1m.count,
+                        )
+                        .where(Rollup1m.series_id.in_(chunk), Rollup1m.ts >= start, Rollup1m.ts < stop)
+                        .order_by(Rollup1m.series_id, Rollup1m.ts)
+                    ).all()
                     out = merge_rollups(rows, 600.0)
                     if out:
-                        conn.execute(delete(Rollup10m).where(Rollup10m.series_id.in_(chunk), Rollup10m.ts >= start,
-                                                             Rollup10m.ts < stop))
+                        conn.execute(
+                            delete(Rollup10m).where(
+                                Rollup10m.series_id.in_(chunk), Rollup10m.ts >= start, Rollup10m.ts < stop
+                            )
+                        )
                         conn.execute(insert(Rollup10m), out)
                         written += len(out)
             self._set_state(conn, ROLLUP10_WATERMARK_KEY, max(start, stop))
@@ -112,8 +134,14 @@ class Rollups:
             written += self.rollup_10m()
         return written
 
-    def retention(self, raw_retention_s: float, rollup_retention_s: float, now: float | None = None,
-                  *, keep_alerts_s: float | None = None) -> tuple[int, int]:
+    def retention(
+        self,
+        raw_retention_s: float,
+        rollup_retention_s: float,
+        now: float | None = None,
+        *,
+        keep_alerts_s: float | None = None,
+    ) -> tuple[int, int]:
         """Delete raw samples older than the raw window (only once rolled up) and old rollups."""
         now = self.clock() if now is None else now
         raw_removed = roll_removed = 0
@@ -124,11 +152,21 @@ class Rollups:
             roll_cutoff = now - rollup_retention_s
             for chunk in _chunks(self.all_series_ids(conn)):
                 if raw_cutoff > -math.inf:
-                    raw_removed += conn.execute(delete(Sample).where(Sample.series_id.in_(chunk),
-                                                                     Sample.ts < raw_cutoff)).rowcount or 0
-                roll_removed += conn.execute(delete(Rollup1m).where(Rollup1m.series_id.in_(chunk),
-                                                                    Rollup1m.ts < roll_cutoff)).rowcount or 0
-                conn.execute(delete(Rollup10m).where(Rollup10m.series_id.in_(chunk), Rollup10m.ts < roll_cutoff))
+                    raw_removed += (
+                        conn.execute(
+                            delete(Sample).where(Sample.series_id.in_(chunk), Sample.ts < raw_cutoff)
+                        ).rowcount
+                        or 0
+                    )
+                roll_removed += (
+                    conn.execute(
+                        delete(Rollup1m).where(Rollup1m.series_id.in_(chunk), Rollup1m.ts < roll_cutoff)
+                    ).rowcount
+                    or 0
+                )
+                conn.execute(
+                    delete(Rollup10m).where(Rollup10m.series_id.in_(chunk), Rollup10m.ts < roll_cutoff)
+                )
             self._set_state(conn, RAW_RETENTION_KEY, raw_retention_s)
             turn_trace.prune(conn, now - raw_retention_s)  # the turn trace goes with the raw tier
             keep = rollup_retention_s if keep_alerts_s is None else keep_alerts_s
@@ -141,12 +179,23 @@ class Rollups:
 def merge_rollups(rows: Iterable[Any], period_s: float) -> list[dict[str, Any]]:
     """(series_id, ts, min, max, mean, last, count) rollups ordered by series and time -> one per period."""
     out: list[dict[str, Any]] = []
-    for (series_id, period), group in groupby(rows, key=lambda r: (r[0], math.floor(r[1] / period_s) * period_s)):
+    for (series_id, period), group in groupby(
+        rows, key=lambda r: (r[0], math.floor(r[1] / period_s) * period_s)
+    ):
         items = list(group)
         count = sum(r[6] for r in items)
         mean = sum(r[4] * r[6] for r in items) / count if count else items[-1][4]
-        out.append({"series_id": series_id, "ts": period, "min": min(r[2] for r in items),
-                    "max": max(r[3] for r in items), "mean": mean, "last": items[-1][5], "count": count})
+        out.append(
+            {
+                "series_id": series_id,
+                "ts": period,
+                "min": min(r[2] for r in items),
+                "max": max(r[3] for r in items),
+                "mean": mean,
+                "last": items[-1][5],
+                "count": count,
+            }
+        )
     return out
 
 
@@ -163,8 +212,15 @@ def rollup_rows(rows: Iterable[Any]) -> list[dict[str, Any]]:
                 acc["mean"] = acc.pop("sum") / acc["count"]
                 out.append(acc)
             current = key
-            acc = {"series_id": series_id, "ts": minute, "min": value, "max": value, "sum": 0.0, "last": value,
-                   "count": 0}
+            acc = {
+                "series_id": series_id,
+                "ts": minute,
+                "min": value,
+                "max": value,
+                "sum": 0.0,
+                "last": value,
+                "count": 0,
+            }
         acc["min"] = min(acc["min"], value)
         acc["max"] = max(acc["max"], value)
         acc["sum"] += value

@@ -112,7 +112,11 @@ def state_signals(state: Mapping[str, Any]) -> dict[str, float]:
         total = sum(out[k] or 0.0 for k in (sig.ADMITTED, sig.PARKED, sig.WAITING))
     out[sig.SESSIONS_IN_SYSTEM] = total
     oldest = num(_get(state, "backlog", "oldest_waiting_s"))
-    if oldest is None and isinstance(state.get("backlog"), Mapping) and "oldest_waiting_s" in state["backlog"]:
+    if (
+        oldest is None
+        and isinstance(state.get("backlog"), Mapping)
+        and "oldest_waiting_s" in state["backlog"]
+    ):
         oldest = 0.0  # null: nobody waits
     out[sig.OLDEST_WAITING_S] = oldest
     return {k: v for k, v in out.items() if v is not None}

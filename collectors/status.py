@@ -34,9 +34,16 @@ def status_rows(conn: Connection, *, now: float | None = None) -> list[dict[str,
             labelled = [target_level or {"engine": None}]
         for entry in labelled:
             row: dict[str, Any] = {
-                "target": t["url"], "name": t["name"], "role": t["role"], "kind": t["kind"],
-                "engine": entry.get("engine"), "up": bool(t["up"]) and t["last_success_ts"] is not None,
-                "token_weighted": None, "kv_usage": None, "requests_running": None, "requests_waiting": None,
+                "target": t["url"],
+                "name": t["name"],
+                "role": t["role"],
+                "kind": t["kind"],
+                "engine": entry.get("engine"),
+                "up": bool(t["up"]) and t["last_success_ts"] is not None,
+                "token_weighted": None,
+                "kv_usage": None,
+                "requests_running": None,
+                "requests_waiting": None,
             }
             for source in (target_level, entry):
                 for key, value in source.items():
@@ -45,16 +52,27 @@ def status_rows(conn: Connection, *, now: float | None = None) -> list[dict[str,
             if t["role"] == "engine":
                 row["token_weighted"] = row.get(sig.ENGINE_HIT_RATIO)
             row["alerts"] = [
-                {"id": a["id"], "rule": a["rule"], "severity": a["severity"], "summary": a["summary"],
-                 "started_ts": a["started_ts"], "acknowledged_by": a["acknowledged_by"], "engine": a["engine"]}
-                for a in open_alerts if a["target_id"] == t["id"] and (a["engine"] in (None, row["engine"]))]
+                {
+                    "id": a["id"],
+                    "rule": a["rule"],
+                    "severity": a["severity"],
+                    "summary": a["summary"],
+                    "started_ts": a["started_ts"],
+                    "acknowledged_by": a["acknowledged_by"],
+                    "engine": a["engine"],
+                }
+                for a in open_alerts
+                if a["target_id"] == t["id"] and (a["engine"] in (None, row["engine"]))
+            ]
             row["last_scrape_ts"] = t["last_scrape_ts"]
             row["last_success_ts"] = t["last_success_ts"]
             row["last_error"] = t["last_error"]
             newest = entry.get("ts") or target_level.get("ts")
             row["age_s"] = None if newest is None else round(now - newest, 1)
             # No fresh data although the last scrape did not fail: the collector is not running or stuck.
-            row["stale"] = row["age_s"] is None or row["age_s"] > max(STALE_AFTER_S, 5 * (t["interval_s"] or 1.0))
+            row["stale"] = row["age_s"] is None or row["age_s"] > max(
+                STALE_AFTER_S, 5 * (t["interval_s"] or 1.0)
+            )
             out.append(row)
     return out
 
@@ -72,18 +90,30 @@ def render_table(rows: list[dict[str, Any]], heartbeat: list[dict[str, Any]], no
     for hb in heartbeat:
         age = now - hb["last_beat_ts"]
         when = dt.datetime.fromtimestamp(hb["last_beat_ts"], dt.UTC).strftime("%H:%M:%S")
-        lines.append(f"collector {hb['name']} pid {hb['pid']}: last heartbeat {when} UTC ({age:.0f} s ago)"
-                     f"{'  STALE' if age > 30 else ''}, {hb['targets_up']}/{hb['targets']} targets up")
+        lines.append(
+            f"collector {hb['name']} pid {hb['pid']}: last heartbeat {when} UTC ({age:.0f} s ago)"
+            f"{'  STALE' if age > 30 else ''}, {hb['targets_up']}/{hb['targets']} targets up"
+        )
     if not heartbeat:
         lines.append("no collector heartbeat in this database")
     header = ("TARGET", "KIND", "ENGINE", "UP", "R_t", "KV", "RUN", "WAIT", "AGE", "ALERTS")
     table = [header]
     for r in rows:
         state = ("STALE" if r["stale"] else "up") if r["up"] else "DOWN"
-        table.append((r["target"], r["kind"] or "-", r["engine"] or "-", state,
-                      _fmt(r["token_weighted"], True), _fmt(r["kv_usage"], True), _fmt(r["requests_running"]),
-                      _fmt(r["requests_waiting"]), "-" if r["age_s"] is None else f"{r['age_s']:.0f}s",
-                      ",".join(a["rule"] for a in r["alerts"]) or "-"))
+        table.append(
+            (
+                r["target"],
+                r["kind"] or "-",
+                r["engine"] or "-",
+                state,
+                _fmt(r["token_weighted"], True),
+                _fmt(r["kv_usage"], True),
+                _fmt(r["requests_running"]),
+                _fmt(r["requests_waiting"]),
+                "-" if r["age_s"] is None else f"{r['age_s']:.0f}s",
+                ",".join(a["rule"] for a in r["alerts"]) or "-",
+            )
+        )
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for row in table:
         lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

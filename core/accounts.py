@@ -53,8 +53,10 @@ def normalize_name(name: str) -> str:
     """The stored form of an account name (stripped, lower case), or AccountError saying what is wrong."""
     cleaned = name.strip().lower()
     if not NAME_RE.match(cleaned):
-        raise AccountError(f"account name {name!r} is not usable: use 1-64 ASCII letters, digits or . _ @ + -, "
-                           "starting with a letter or digit (it is sent to the sidecars in the X-Actor header)")
+        raise AccountError(
+            f"account name {name!r} is not usable: use 1-64 ASCII letters, digits or . _ @ + -, "
+            "starting with a letter or digit (it is sent to the sidecars in the X-Actor header)"
+        )
     return cleaned
 
 
@@ -66,7 +68,9 @@ def check_role(role: str) -> str:
 
 def check_password(password: str) -> str:
     if len(password) < MIN_PASSWORD_LENGTH:
-        raise AccountError(f"password too short: {len(password)} characters, at least {MIN_PASSWORD_LENGTH} needed")
+        raise AccountError(
+            f"password too short: {len(password)} characters, at least {MIN_PASSWORD_LENGTH} needed"
+        )
     if len(password) > MAX_PASSWORD_LENGTH:
         raise AccountError(f"password too long: {len(password)} characters, at most {MAX_PASSWORD_LENGTH}")
     return password
@@ -89,11 +93,15 @@ class SignInPolicy:
 
     def __post_init__(self) -> None:
         if self.max_failures_per_name < 1 or self.max_failures_per_client < 1:
-            raise ValueError(f"failure limits must be at least 1, got {self.max_failures_per_name} per name and "
-                             f"{self.max_failures_per_client} per client")
+            raise ValueError(
+                f"failure limits must be at least 1, got {self.max_failures_per_name} per name and "
+                f"{self.max_failures_per_client} per client"
+            )
         if self.window_s <= 0 or self.session_ttl_s <= 0:
-            raise ValueError(f"window and session lifetime must be positive, got {self.window_s} s and "
-                             f"{self.session_ttl_s} s")
+            raise ValueError(
+                f"window and session lifetime must be positive, got {self.window_s} s and "
+                f"{self.session_ttl_s} s"
+            )
 
 
 def lockout_remaining(failure_times: Iterable[float], now: float, limit: int, window_s: float) -> float:

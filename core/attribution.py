@@ -46,8 +46,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 CAUSES: tuple[str, ...] = (
-    "cold", "new", "partial-block", "prefix-changed", "routed-away", "evicted-parked",
-    "evicted-pressure", "unattributed",
+    "cold",
+    "new",
+    "partial-block",
+    "prefix-changed",
+    "routed-away",
+    "evicted-parked",
+    "evicted-pressure",
+    "unattributed",
 )
 """Every cause, in the order of the module doc (charts stack them in this order)."""
 
@@ -108,8 +114,14 @@ def split_uncached(prompt: int, cached: int, reusable: int, block_size: int, cau
     return out
 
 
-def attribute(turn: Turn, previous: Turn | None, events: Events, *,
-              subtree_seen: tuple[int, float] | None = None, block_size: int = DEFAULT_BLOCK_SIZE) -> dict[str, int]:
+def attribute(
+    turn: Turn,
+    previous: Turn | None,
+    events: Events,
+    *,
+    subtree_seen: tuple[int, float] | None = None,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> dict[str, int]:
     """One turn's uncached tokens by cause.
 
     ``previous``: the session's previous turn, fleet-wide. ``subtree_seen``: for a session-less
@@ -165,8 +177,9 @@ class Attributor:
         return out
 
 
-def attribute_all(turns: Iterable[Turn], events: Events | None = None,
-                  block_size: int = DEFAULT_BLOCK_SIZE) -> list[dict[str, int]]:
+def attribute_all(
+    turns: Iterable[Turn], events: Events | None = None, block_size: int = DEFAULT_BLOCK_SIZE
+) -> list[dict[str, int]]:
     """`Attributor.add` over ``turns`` (sorted here by time, ties kept in order)."""
     attributor = Attributor(events, block_size)
     return [attributor.add(t) for t in sorted(turns, key=lambda t: t.ts)]

@@ -75,8 +75,18 @@ from core.budgeter_config import (
 )
 
 __all__ = [
-    "ADMITTED", "CONTROLS", "PARKED", "SESSION_STATES", "WAITING", "Budgeter", "BudgeterConfig", "ConfigError",
-    "Decision", "Preview", "SessionState", "UnknownSession",
+    "ADMITTED",
+    "CONTROLS",
+    "PARKED",
+    "SESSION_STATES",
+    "WAITING",
+    "Budgeter",
+    "BudgeterConfig",
+    "ConfigError",
+    "Decision",
+    "Preview",
+    "SessionState",
+    "UnknownSession",
 ]
 
 
@@ -175,7 +185,9 @@ class Budgeter:
             return []
         candidates = sorted(
             (s for s in self._sessions.values() if s.state == ADMITTED and not s.pinned),
-            key=lambda s: (s.admitted_at or 0.0, s.id), reverse=True)
+            key=lambda s: (s.admitted_at or 0.0, s.id),
+            reverse=True,
+        )
         if mode == "budgeter-park":
             bands = self.band_tokens()
             if bands is None:
@@ -190,12 +202,12 @@ class Budgeter:
             return chosen
         if mode == "session-cap-park":
             excess = self.counts()[ADMITTED] - self.config.session_cap
-            return [s.id for s in candidates[:max(0, excess)]]
+            return [s.id for s in candidates[: max(0, excess)]]
         if mode == "latency-park":
             latency = self.recent_latency_s()
             if latency is None or latency <= self.config.latency_limit_s:
                 return []
-            return [s.id for s in candidates[:max(1, math.ceil(len(candidates) / 4))]]
+            return [s.id for s in candidates[: max(1, math.ceil(len(candidates) / 4))]]
         return []
 
     def _parking_needed(self) -> bool:
@@ -211,15 +223,22 @@ class Budgeter:
         return False
 
     # ------------------------------------------------------------------- events
-    def request_turn(self, session_id: str, now: float, prompt_tokens: int,
-                     output_budget: int | None = None) -> Decision:
+    def request_turn(
+        self, session_id: str, now: float, prompt_tokens: int, output_budget: int | None = None
+    ) -> Decision:
         """A request of ``session_id`` arrived: forward it to the engine now, or hold it."""
         budget = self.config.default_output_budget if output_budget is None else max(0, output_budget)
         prompt_tokens = max(0, prompt_tokens)
         s = self._sessions.get(session_id)
         if s is None:
-            s = SessionState(id=session_id, state=WAITING, arrived_at=now, inflight_prompt=prompt_tokens,
-                             output_budget=budget, last_activity=now)
+            s = SessionState(
+                id=session_id,
+                state=WAITING,
+                arrived_at=now,
+                inflight_prompt=prompt_tokens,
+                output_budget=budget,
+                last_activity=now,
+            )
             queue_empty = not self._queue()
             admit = self.config.mode == "off" or (queue_empty and self._may_admit(s))
             self._sessions[session_id] = s
@@ -251,8 +270,15 @@ class Budgeter:
         s.inflight += 1
         return "forward"
 
-    def turn_finished(self, session_id: str, now: float, prompt_tokens: int, completion_tokens: int,
-                      latency_s: float | None = None, ok: bool = True) -> None:
+    def turn_finished(
+        self,
+        session_id: str,
+        now: float,
+        prompt_tokens: int,
+        completion_tokens: int,
+        latency_s: float | None = None,
+        ok: bool = True,
+    ) -> None:
         """A forwarded request of ``session_id`` completed (``ok``) or failed."""
         s = self._sessions.get(session_id)
         if s is None or s.inflight == 0:
@@ -350,9 +376,14 @@ class Budgeter:
 
     def idle_sessions(self, now: float, timeout_s: float) -> list[str]:
         """Sessions with nothing in flight or held for ``timeout_s``; manual parks never expire."""
-        return [s.id for s in self._sessions.values()
-                if s.inflight == 0 and not s.held and not (s.state == PARKED and s.manual)
-                and now - s.last_activity >= timeout_s]
+        return [
+            s.id
+            for s in self._sessions.values()
+            if s.inflight == 0
+            and not s.held
+            and not (s.state == PARKED and s.manual)
+            and now - s.last_activity >= timeout_s
+        ]
 
     def preview(self, config: BudgeterConfig, now: float) -> Preview:
         """Which sessions ``config`` would park at their next boundary and admit now, on a copy."""
@@ -361,8 +392,12 @@ class Budgeter:
         would_admit = [s.id for s in trial._queue()]
         trial.release(now)
         would_admit = [sid for sid in would_admit if trial._sessions[sid].state == ADMITTED]
-        return Preview(would_park=trial.park_set(), would_admit=would_admit,
-                       demand_tokens=trial.demand_tokens(), pool_tokens=trial.pool_tokens)
+        return Preview(
+            would_park=trial.park_set(),
+            would_admit=would_admit,
+            demand_tokens=trial.demand_tokens(),
+            pool_tokens=trial.pool_tokens,
+        )
 
     # -------------------------------------------------------------- persistence
     def to_dict(self) -> dict[str, Any]:
@@ -411,10 +446,13 @@ class Budgeter:
             raise UnknownSession(session_id) from None
 
     def _queue(self) -> list[SessionState]:
-        parked = sorted((s for s in self._sessions.values() if s.state == PARKED and not s.manual),
-                        key=lambda s: (s.parked_since or 0.0, s.id))
-        waiting = sorted((s for s in self._sessions.values() if s.state == WAITING),
-                         key=lambda s: (s.arrived_at, s.id))
+        parked = sorted(
+            (s for s in self._sessions.values() if s.state == PARKED and not s.manual),
+            key=lambda s: (s.parked_since or 0.0, s.id),
+        )
+        waiting = sorted(
+            (s for s in self._sessions.values() if s.state == WAITING), key=lambda s: (s.arrived_at, s.id)
+        )
         return parked + waiting
 
     def _admit(self, s: SessionState, now: float) -> None:

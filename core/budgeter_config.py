@@ -77,7 +77,9 @@ class BudgeterConfig:
             raise ConfigError(f"low band must be below high band, got {self.low!r} >= {self.high!r}", "low")
         limit = _number("latency_limit_s", self.latency_limit_s)
         if limit <= 0:
-            raise ConfigError(f"latency_limit_s must be positive, got {self.latency_limit_s!r}", "latency_limit_s")
+            raise ConfigError(
+                f"latency_limit_s must be positive, got {self.latency_limit_s!r}", "latency_limit_s"
+            )
         _integer("session_cap", self.session_cap, 1)
         _integer("latency_window", self.latency_window, 1)
         _integer("default_output_budget", self.default_output_budget, 0)
@@ -90,8 +92,9 @@ class BudgeterConfig:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ConfigError(f"unknown budgeter setting {unknown[0]!r}; known: {', '.join(sorted(known))}",
-                              unknown[0])
+            raise ConfigError(
+                f"unknown budgeter setting {unknown[0]!r}; known: {', '.join(sorted(known))}", unknown[0]
+            )
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

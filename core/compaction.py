@@ -249,18 +249,23 @@ def decide_compaction(
         return SubtreeDecision(s.subtree_id, verdict, reason, s.warm, s.recent_hits, s.recent_cached_tokens)
 
     if deferred_until is not None and now < deferred_until:
-        return [decision(s, "deferred", f"operator deferral in force until {deferred_until:.3f}") for s in stats]
+        return [
+            decision(s, "deferred", f"operator deferral in force until {deferred_until:.3f}") for s in stats
+        ]
 
     if urgency == "storage-pressure":
         pinned = set(pinned_subtrees(subtrees, policy.top_k_pinned))
         out = []
         for s in stats:
             if s.subtree_id in pinned:
-                out.append(decision(
-                    s, "deferred",
-                    f"storage pressure: pinned as one of the top {policy.top_k_pinned} hottest subtrees "
-                    f"({s.recent_cached_tokens} cached tokens recently)",
-                ))
+                out.append(
+                    decision(
+                        s,
+                        "deferred",
+                        f"storage pressure: pinned as one of the top {policy.top_k_pinned} hottest subtrees "
+                        f"({s.recent_cached_tokens} cached tokens recently)",
+                    )
+                )
             else:
                 out.append(decision(s, "granted", "storage pressure: not among the hottest subtrees"))
         return out

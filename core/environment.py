@@ -15,8 +15,17 @@ from collections.abc import Mapping
 from typing import Final
 
 PREFIX: Final = "PREFIXOPS_"
-LEGACY: Final = frozenset({"DATABASE_URL", "ENGINE_PORT", "SIDECAR_PORT", "DASHBOARD_PORT", "DEMO_SCENARIO",
-                           "DEMO_SPEED", "DEMO_ENGINE"})
+LEGACY: Final = frozenset(
+    {
+        "DATABASE_URL",
+        "ENGINE_PORT",
+        "SIDECAR_PORT",
+        "DASHBOARD_PORT",
+        "DEMO_SCENARIO",
+        "DEMO_SPEED",
+        "DEMO_ENGINE",
+    }
+)
 
 
 def setting(env: Mapping[str, str], name: str) -> str | None:

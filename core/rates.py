@@ -18,8 +18,9 @@ def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def counter_delta(prev: float | None, cur: float | None, *, prev_start: float | None = None,
-                  cur_start: float | None = None) -> float | None:
+def counter_delta(
+    prev: float | None, cur: float | None, *, prev_start: float | None = None, cur_start: float | None = None
+) -> float | None:
     """Increase of a counter between two samples, or None when it cannot be known.
 
     None when either sample is missing or not finite, when the counter went
@@ -36,9 +37,16 @@ def counter_delta(prev: float | None, cur: float | None, *, prev_start: float | 
     return cur - prev
 
 
-def counter_rate(prev: float | None, prev_ts: float | None, cur: float | None, cur_ts: float, *,
-                 max_gap_s: float | None = None, prev_start: float | None = None,
-                 cur_start: float | None = None) -> float | None:
+def counter_rate(
+    prev: float | None,
+    prev_ts: float | None,
+    cur: float | None,
+    cur_ts: float,
+    *,
+    max_gap_s: float | None = None,
+    prev_start: float | None = None,
+    cur_start: float | None = None,
+) -> float | None:
     """Per-second rate of a counter over one interval, or None (reset, gap, bad data)."""
     if prev_ts is None or not math.isfinite(prev_ts) or not math.isfinite(cur_ts):
         return None

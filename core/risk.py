@@ -74,7 +74,15 @@ Mode = Literal["sidecar", "engine"]
 MODES: tuple[Mode, ...] = ("sidecar", "engine")
 
 SIDECAR_INPUTS = ("kv_demand", "demand_trend", "session_flow", "missed_prefill", "rt_trend")
-ENGINE_INPUTS = ("kv_usage", "queue", "queue_growth", "preemptions", "hit_trend", "missed_prefill", "throughput")
+ENGINE_INPUTS = (
+    "kv_usage",
+    "queue",
+    "queue_growth",
+    "preemptions",
+    "hit_trend",
+    "missed_prefill",
+    "throughput",
+)
 INPUTS: dict[Mode, tuple[str, ...]] = {"sidecar": SIDECAR_INPUTS, "engine": ENGINE_INPUTS}
 ALL_INPUTS = tuple(dict.fromkeys(SIDECAR_INPUTS + ENGINE_INPUTS))
 
@@ -93,21 +101,41 @@ WHY: dict[str, str] = {
     "throughput": "generated tokens/s falling while the prompt load does not",
 }
 UNITS: dict[str, str] = {
-    "kv_demand": "of pool", "demand_trend": "of pool/min", "session_flow": "sessions/min",
-    "missed_prefill": "of prefill capacity", "rt_trend": "below recent", "kv_usage": "",
-    "queue": "requests", "queue_growth": "requests/min", "preemptions": "/s", "hit_trend": "below recent",
+    "kv_demand": "of pool",
+    "demand_trend": "of pool/min",
+    "session_flow": "sessions/min",
+    "missed_prefill": "of prefill capacity",
+    "rt_trend": "below recent",
+    "kv_usage": "",
+    "queue": "requests",
+    "queue_growth": "requests/min",
+    "preemptions": "/s",
+    "hit_trend": "below recent",
     "throughput": "below recent",
 }
 SIGNAL_OF_INPUT: dict[str, str] = {name: sig.RISK_PREFIX + name for name in ALL_INPUTS}
 assert set(SIGNAL_OF_INPUT.values()) == set(sig.RISK_INPUT_SIGNALS), "core.signals lists every risk input"
 
 # Signals the model reads (histories that feed it must keep these).
-INPUT_SIGNALS = frozenset({
-    sig.DEMAND_FRACTION, sig.DEMAND_TOKENS, sig.ADMITTED, sig.SESSIONS_IN_SYSTEM, sig.TURNS_PER_S,
-    sig.TOKEN_WEIGHTED, sig.PROMPT_TOKENS_PER_S, sig.CACHED_TOKENS_PER_S, sig.KV_USAGE, sig.REQUESTS_WAITING,
-    sig.PREEMPTIONS_PER_S, sig.PREFIX_CACHE_HITS_PER_S, sig.PREFIX_CACHE_QUERIES_PER_S, sig.ENGINE_HIT_RATIO,
-    sig.GENERATION_TOKENS_PER_S,
-})
+INPUT_SIGNALS = frozenset(
+    {
+        sig.DEMAND_FRACTION,
+        sig.DEMAND_TOKENS,
+        sig.ADMITTED,
+        sig.SESSIONS_IN_SYSTEM,
+        sig.TURNS_PER_S,
+        sig.TOKEN_WEIGHTED,
+        sig.PROMPT_TOKENS_PER_S,
+        sig.CACHED_TOKENS_PER_S,
+        sig.KV_USAGE,
+        sig.REQUESTS_WAITING,
+        sig.PREEMPTIONS_PER_S,
+        sig.PREFIX_CACHE_HITS_PER_S,
+        sig.PREFIX_CACHE_QUERIES_PER_S,
+        sig.ENGINE_HIT_RATIO,
+        sig.GENERATION_TOKENS_PER_S,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -168,17 +196,28 @@ class RiskSettings:
         for name in ("level_s", "trend_s", "reference_s", "prefill_capacity_tokens_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"risk setting {name} must be positive, got {getattr(self, name)}")
-        for lo, hi in (("demand_lo", "demand_hi"), ("demand_growth_lo", "demand_growth_hi"), ("flow_lo", "flow_hi"),
-                       ("missed_lo", "missed_hi"), ("drop_lo", "drop_hi"), ("kv_lo", "kv_hi"),
-                       ("queue_lo", "queue_hi"), ("queue_growth_lo", "queue_growth_hi"),
-                       ("preempt_lo", "preempt_hi")):
+        for lo, hi in (
+            ("demand_lo", "demand_hi"),
+            ("demand_growth_lo", "demand_growth_hi"),
+            ("flow_lo", "flow_hi"),
+            ("missed_lo", "missed_hi"),
+            ("drop_lo", "drop_hi"),
+            ("kv_lo", "kv_hi"),
+            ("queue_lo", "queue_hi"),
+            ("queue_growth_lo", "queue_growth_hi"),
+            ("preempt_lo", "preempt_hi"),
+        ):
             if getattr(self, lo) >= getattr(self, hi):
-                raise ValueError(f"risk setting {lo} must be below {hi}, got {getattr(self, lo)} >= {getattr(self, hi)}")
+                raise ValueError(
+                    f"risk setting {lo} must be below {hi}, got {getattr(self, lo)} >= {getattr(self, hi)}"
+                )
         if not 0 < self.warn_enter <= 1:
             raise ValueError(f"risk setting warn_enter must be in (0, 1], got {self.warn_enter}")
         if self.warn_exit >= self.warn_enter:
-            raise ValueError("risk setting warn_exit must be below warn_enter (hysteresis), "
-                             f"got {self.warn_exit} >= {self.warn_enter}")
+            raise ValueError(
+                "risk setting warn_exit must be below warn_enter (hysteresis), "
+                f"got {self.warn_exit} >= {self.warn_enter}"
+            )
 
     def weight(self, name: str) -> float:
         return float(getattr(self, "w_" + name))
@@ -225,7 +264,9 @@ class Assessment:
         if self.score is None:
             return {}
         out = {sig.COLLAPSE_RISK: round(self.score, 4)}
-        out.update({SIGNAL_OF_INPUT[i.name]: round(i.contribution, 4) for i in self.inputs if i.value is not None})
+        out.update(
+            {SIGNAL_OF_INPUT[i.name]: round(i.contribution, 4) for i in self.inputs if i.value is not None}
+        )
         return out
 
     def summary(self, n: int = 3) -> str:
@@ -234,8 +275,10 @@ class Assessment:
         lead = self.leading(n)
         if not lead:
             return f"collapse risk {self.score:.2f}: no input under pressure"
-        parts = [f"{i.name} {_fmt(i.value)} {UNITS[i.name]}".rstrip() + f" (+{i.contribution:.2f}: {i.why})"
-                 for i in lead]
+        parts = [
+            f"{i.name} {_fmt(i.value)} {UNITS[i.name]}".rstrip() + f" (+{i.contribution:.2f}: {i.why})"
+            for i in lead
+        ]
         return f"collapse risk {self.score:.2f} ({self.mode} inputs); leading: " + "; ".join(parts)
 
 
@@ -397,11 +440,17 @@ def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str
 
 def _pressure(name: str, value: float | None, s: RiskSettings) -> float:
     lo, hi = {
-        "kv_demand": (s.demand_lo, s.demand_hi), "demand_trend": (s.demand_growth_lo, s.demand_growth_hi),
-        "session_flow": (s.flow_lo, s.flow_hi), "missed_prefill": (s.missed_lo, s.missed_hi),
-        "rt_trend": (s.drop_lo, s.drop_hi), "hit_trend": (s.drop_lo, s.drop_hi),
-        "throughput": (s.drop_lo, s.drop_hi), "kv_usage": (s.kv_lo, s.kv_hi), "queue": (s.queue_lo, s.queue_hi),
-        "queue_growth": (s.queue_growth_lo, s.queue_growth_hi), "preemptions": (s.preempt_lo, s.preempt_hi),
+        "kv_demand": (s.demand_lo, s.demand_hi),
+        "demand_trend": (s.demand_growth_lo, s.demand_growth_hi),
+        "session_flow": (s.flow_lo, s.flow_hi),
+        "missed_prefill": (s.missed_lo, s.missed_hi),
+        "rt_trend": (s.drop_lo, s.drop_hi),
+        "hit_trend": (s.drop_lo, s.drop_hi),
+        "throughput": (s.drop_lo, s.drop_hi),
+        "kv_usage": (s.kv_lo, s.kv_hi),
+        "queue": (s.queue_lo, s.queue_hi),
+        "queue_growth": (s.queue_growth_lo, s.queue_growth_hi),
+        "preemptions": (s.preempt_lo, s.preempt_hi),
     }[name]
     return ramp(value, lo, hi)
 
@@ -416,8 +465,14 @@ def assess(points: Points, now: float, mode: Mode, settings: RiskSettings | None
     for name in INPUTS[mode]:
         value = values.get(name)
         pressure = _pressure(name, value, s)
-        inputs.append(RiskInput(name, None if value is None else round(value, 4), round(pressure, 4),
-                                round(s.weight(name) * pressure, 4)))
+        inputs.append(
+            RiskInput(
+                name,
+                None if value is None else round(value, 4),
+                round(pressure, 4),
+                round(s.weight(name) * pressure, 4),
+            )
+        )
     if all(i.value is None for i in inputs):
         return Assessment(now, mode, None, tuple(inputs))
     score = min(1.0, sum(i.contribution for i in inputs))

@@ -41,17 +41,23 @@ def window_ratio(num: Sequence[float], den: Sequence[float], start_s: float, end
     return float(sum(num[lo:hi])) / d
 
 
-def is_degraded(token_weighted: float | None, sessions_in_system: float = 1.0,
-                threshold: float = DEGRADED_THRESHOLD) -> bool:
+def is_degraded(
+    token_weighted: float | None, sessions_in_system: float = 1.0, threshold: float = DEGRADED_THRESHOLD
+) -> bool:
     """The degraded test on one window's token-weighted hit rate (see the module doc)."""
     if token_weighted is None:
         return sessions_in_system > 0
     return token_weighted <= threshold
 
 
-def degraded_minutes(prompt: Sequence[float], cached: Sequence[float], sessions: Sequence[float],
-                     minutes: float, window_min: float = WINDOW_MIN,
-                     threshold: float = DEGRADED_THRESHOLD) -> list[int]:
+def degraded_minutes(
+    prompt: Sequence[float],
+    cached: Sequence[float],
+    sessions: Sequence[float],
+    minutes: float,
+    window_min: float = WINDOW_MIN,
+    threshold: float = DEGRADED_THRESHOLD,
+) -> list[int]:
     """Whole minutes m in [1, minutes] at which the run is degraded."""
     out = []
     for m in range(1, int(math.floor(minutes)) + 1):
@@ -94,9 +100,17 @@ class RunVerdict:
         return asdict(self)
 
 
-def judge_run(prompt: Sequence[float], cached: Sequence[float], turns: Sequence[float],
-              sessions: Sequence[float], *, control_start_min: float, minutes: float,
-              window_min: float = WINDOW_MIN, threshold: float = DEGRADED_THRESHOLD) -> RunVerdict:
+def judge_run(
+    prompt: Sequence[float],
+    cached: Sequence[float],
+    turns: Sequence[float],
+    sessions: Sequence[float],
+    *,
+    control_start_min: float,
+    minutes: float,
+    window_min: float = WINDOW_MIN,
+    threshold: float = DEGRADED_THRESHOLD,
+) -> RunVerdict:
     """The verdict on one run from its per-second counts (see the module doc)."""
     degraded = degraded_minutes(prompt, cached, sessions, minutes, window_min, threshold)
     degraded_set = set(degraded)

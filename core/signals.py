@@ -86,8 +86,11 @@ PREFIX_CACHE_HITS_PER_S: Final = "prefix_cache_hits_per_s"
 TTFT_P50: Final = "ttft_p50"
 TTFT_P90: Final = "ttft_p90"
 TTFT_P99: Final = "ttft_p99"
-SERVING_QUANTILES: Final = tuple(f"{family}_{q}" for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
-                                 for q in ("p50", "p90", "p99"))
+SERVING_QUANTILES: Final = tuple(
+    f"{family}_{q}"
+    for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
+    for q in ("p50", "p90", "p99")
+)
 POOL_TOKENS: Final = "pool_tokens"
 
 # Budgeter / backlog (sidecar)
@@ -111,10 +114,22 @@ PARK_TIME_P95: Final = "park_time_p95"
 # Collapse risk (core.risk): the score, and a prefix + input name for each input's contribution
 COLLAPSE_RISK: Final = "collapse_risk"
 RISK_PREFIX: Final = "risk_"
-RISK_INPUT_SIGNALS: Final = tuple(RISK_PREFIX + name for name in (
-    "kv_demand", "demand_trend", "session_flow", "missed_prefill", "rt_trend",
-    "kv_usage", "queue", "queue_growth", "preemptions", "hit_trend", "throughput",
-))
+RISK_INPUT_SIGNALS: Final = tuple(
+    RISK_PREFIX + name
+    for name in (
+        "kv_demand",
+        "demand_trend",
+        "session_flow",
+        "missed_prefill",
+        "rt_trend",
+        "kv_usage",
+        "queue",
+        "queue_growth",
+        "preemptions",
+        "hit_trend",
+        "throughput",
+    )
+)
 RISK_SIGNALS: Final = (COLLAPSE_RISK, *RISK_INPUT_SIGNALS)
 
 # Collector bookkeeping
@@ -122,23 +137,60 @@ UP: Final = "up"
 SCRAPE_DURATION_S: Final = "scrape_duration_s"
 
 ENGINE_SIGNALS: Final = (
-    ENGINE_HIT_RATIO, KV_USAGE, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S,
-    PROMPT_TOKENS_PER_S, GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S,
-    PREFIX_CACHE_QUERIES_PER_S, PREFIX_CACHE_HITS_PER_S, TTFT_P50, TTFT_P90, TTFT_P99, POOL_TOKENS,
+    ENGINE_HIT_RATIO,
+    KV_USAGE,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    PREEMPTIONS_PER_S,
+    PROMPT_TOKENS_PER_S,
+    GENERATION_TOKENS_PER_S,
+    CACHED_TOKENS_PER_S,
+    PREFIX_CACHE_QUERIES_PER_S,
+    PREFIX_CACHE_HITS_PER_S,
+    TTFT_P50,
+    TTFT_P90,
+    TTFT_P99,
+    POOL_TOKENS,
     *SERVING_QUANTILES,
 )
 SIDECAR_SIGNALS: Final = (
-    TOKEN_WEIGHTED, REQUEST_WEIGHTED, DIVERGENCE, KNOWN_TURNS, THIN_REUSE, POOL_TOKENS, DEMAND_TOKENS,
-    DEMAND_FRACTION, BAND_LOW, BAND_HIGH, TURNS_PER_S, SESSIONS_IN_SYSTEM, ADMITTED, PARKED, WAITING,
-    LOW_HALF_CACHED_FRACTION, OLDEST_WAITING_S, OLDEST_PARKED_S, TIME_TO_ADMIT_P50, TIME_TO_ADMIT_P95,
-    PARK_TIME_P50, PARK_TIME_P95,
+    TOKEN_WEIGHTED,
+    REQUEST_WEIGHTED,
+    DIVERGENCE,
+    KNOWN_TURNS,
+    THIN_REUSE,
+    POOL_TOKENS,
+    DEMAND_TOKENS,
+    DEMAND_FRACTION,
+    BAND_LOW,
+    BAND_HIGH,
+    TURNS_PER_S,
+    SESSIONS_IN_SYSTEM,
+    ADMITTED,
+    PARKED,
+    WAITING,
+    LOW_HALF_CACHED_FRACTION,
+    OLDEST_WAITING_S,
+    OLDEST_PARKED_S,
+    TIME_TO_ADMIT_P50,
+    TIME_TO_ADMIT_P95,
+    PARK_TIME_P50,
+    PARK_TIME_P95,
 )
 TARGET_SIGNALS: Final = (UP, SCRAPE_DURATION_S)
 ALL_SIGNALS: Final = tuple(dict.fromkeys(ENGINE_SIGNALS + SIDECAR_SIGNALS + RISK_SIGNALS + TARGET_SIGNALS))
 
 # Signals whose meaning is a sum over engine labels (summing ratios would be wrong).
-ADDITIVE_SIGNALS: Final = frozenset({
-    REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS_PER_S, PROMPT_TOKENS_PER_S,
-    GENERATION_TOKENS_PER_S, CACHED_TOKENS_PER_S, PREFIX_CACHE_QUERIES_PER_S,
-    PREFIX_CACHE_HITS_PER_S, POOL_TOKENS,
-})
+ADDITIVE_SIGNALS: Final = frozenset(
+    {
+        REQUESTS_RUNNING,
+        REQUESTS_WAITING,
+        PREEMPTIONS_PER_S,
+        PROMPT_TOKENS_PER_S,
+        GENERATION_TOKENS_PER_S,
+        CACHED_TOKENS_PER_S,
+        PREFIX_CACHE_QUERIES_PER_S,
+        PREFIX_CACHE_HITS_PER_S,
+        POOL_TOKENS,
+    }
+)

@@ -51,13 +51,23 @@ def _os_user() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m dashboard", description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=None, help="default: $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else sqlite:///data/prefixops.db")
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="default: $PREFIXOPS_DATABASE_URL, else $DATABASE_URL, else sqlite:///data/prefixops.db",
+    )
     groups = parser.add_subparsers(dest="group", required=True)
-    acc = groups.add_parser("accounts", help="operator accounts").add_subparsers(dest="command", required=True)
+    acc = groups.add_parser("accounts", help="operator accounts").add_subparsers(
+        dest="command", required=True
+    )
     add = acc.add_parser("add", help="create an account (password from standard input)")
     add.add_argument("name", help="1-64 ASCII letters, digits or . _ @ + - (stored in lower case)")
-    add.add_argument("--role", required=True, choices=ROLES,
-                     help="viewer reads; operator also acts and silences; admin also manages accounts")
+    add.add_argument(
+        "--role",
+        required=True,
+        choices=ROLES,
+        help="viewer reads; operator also acts and silences; admin also manages accounts",
+    )
     lst = acc.add_parser("list", help="every account with its role and last sign-in")
     lst.add_argument("--json", action="store_true", help="a JSON list of accounts instead of text")
     rm = acc.add_parser("remove", help="delete an account and end its sessions")
@@ -99,11 +109,15 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None, stdout: Tex
                 out.write("no accounts\n")
             else:
                 for r in rows:
-                    out.write(f"{r['name']:<32} {r['role']:<9} last sign-in {_fmt_ts(r['last_sign_in_ts'])}, "
-                              f"{r['sessions']} signed-in session(s)\n")
+                    out.write(
+                        f"{r['name']:<32} {r['role']:<9} last sign-in {_fmt_ts(r['last_sign_in_ts'])}, "
+                        f"{r['sessions']} signed-in session(s)\n"
+                    )
         elif args.command == "add":
             normalize_name(args.name)  # refuse a bad name before asking for a password
-            who = accounts.add_account(engine, args.name, args.role, read_password(stdin), actor=actor, method="cli")
+            who = accounts.add_account(
+                engine, args.name, args.role, read_password(stdin), actor=actor, method="cli"
+            )
             out.write(f"added {who.name} ({who.role})\n")
         elif args.command == "remove":
             accounts.remove_account(engine, args.name, actor=actor, method="cli")
@@ -112,15 +126,19 @@ def main(argv: list[str] | None = None, stdin: TextIO | None = None, stdout: Tex
             accounts.set_role(engine, args.name, args.role, actor=actor, method="cli")
             out.write(f"{args.name.strip().lower()} is now {args.role}\n")
         elif args.command == "password":
-            accounts.set_password(engine, args.name, read_password(stdin, prompt="New password: "), actor=actor,
-                                  method="cli")
+            accounts.set_password(
+                engine, args.name, read_password(stdin, prompt="New password: "), actor=actor, method="cli"
+            )
             out.write(f"password of {args.name.strip().lower()} changed; its sessions are ended\n")
     except AccountError as exc:
         print(f"python -m dashboard accounts {args.command}: {exc}", file=sys.stderr)
         return 1
     except SQLAlchemyError as exc:
-        print(f"python -m dashboard accounts {args.command}: database {url.split('@')[-1]}: "
-              f"{type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        print(
+            f"python -m dashboard accounts {args.command}: database {url.split('@')[-1]}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0]}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -20,10 +20,22 @@ from typing import Any
 from core.alerts import SPECS, causes_of, runbook_anchor
 
 RUNBOOK = Path(__file__).resolve().parent.parent / "docs" / "runbook.md"
-PAGE_TITLES = {"overview": "Overview", "engine": "Engine", "sessions": "Sessions", "budgeter": "Budgeter",
-               "compaction": "Compaction", "alerts": "Alerts", "audit": "Audit"}
-NAMES = {"divergence": "D", "token_weighted": "R_t", "request_weighted": "R_r", "hit_ratio": "hit ratio",
-         "demand_fraction": "demand/pool"}
+PAGE_TITLES = {
+    "overview": "Overview",
+    "engine": "Engine",
+    "sessions": "Sessions",
+    "budgeter": "Budgeter",
+    "compaction": "Compaction",
+    "alerts": "Alerts",
+    "audit": "Audit",
+}
+NAMES = {
+    "divergence": "D",
+    "token_weighted": "R_t",
+    "request_weighted": "R_r",
+    "hit_ratio": "hit ratio",
+    "demand_fraction": "demand/pool",
+}
 
 
 def _number(value: float) -> str:
@@ -60,8 +72,11 @@ def readable_values(values: Any) -> str:
     parts = []
     for key, value in values.items():
         label = NAMES.get(key, key.removesuffix("_ts").removesuffix("_s").replace("_", " "))
-        parts.append(f"{label} {readable_value(key, value)}" if label not in NAMES.values()
-                     else f"{label} = {readable_value(key, value)}")
+        parts.append(
+            f"{label} {readable_value(key, value)}"
+            if label not in NAMES.values()
+            else f"{label} = {readable_value(key, value)}"
+        )
     return ", ".join(parts)
 
 

@@ -43,7 +43,9 @@ logger = logging.getLogger(__name__)
 
 COOKIE = "prefixops_session"
 TOKEN_KEY = "session_token"
-COOKIE_SYNC_KEY = "session_cookie_pending"  # ("set", token) or ("clear", None): written by the next run's script
+COOKIE_SYNC_KEY = (
+    "session_cookie_pending"  # ("set", token) or ("clear", None): written by the next run's script
+)
 
 
 @dataclass(frozen=True)
@@ -135,22 +137,28 @@ def signed_out_reason(settings: Settings) -> str:
     if who is not None and who.method == "oidc":
         return f"Signed in as {who.name}, who is not on the operator allow-list: view only."
     if who is not None:
-        return f"Signed in as {who.name} with the viewer role: view only (an operator or admin account can act)."
+        return (
+            f"Signed in as {who.name} with the viewer role: view only (an operator or admin account can act)."
+        )
     return "Sign in as an operator (sidebar) to act; viewing needs no sign-in."
 
 
-def try_sign_in(settings: Settings, name: str, password: str, now: float | None = None
-                ) -> tuple[Operator | None, str]:
+def try_sign_in(
+    settings: Settings, name: str, password: str, now: float | None = None
+) -> tuple[Operator | None, str]:
     """Check one sign-in attempt; on success the session is kept (and its cookie set on the next run)."""
     if not name.strip() or not password:
         return None, "Type your account name and password."
     try:
-        result = accounts.sign_in(data.write_engine(settings.database_url), name, password,
-                                  client=client_address(), now=now)
+        result = accounts.sign_in(
+            data.write_engine(settings.database_url), name, password, client=client_address(), now=now
+        )
     except SQLAlchemyError as exc:
         logger.error("sign-in failed on a database error: %s", type(exc).__name__)
-        return None, (f"Sign-in is unavailable: database error {type(exc).__name__} (has the accounts table been "
-                      "created? `python -m dashboard accounts list` migrates the database).")
+        return None, (
+            f"Sign-in is unavailable: database error {type(exc).__name__} (has the accounts table been "
+            "created? `python -m dashboard accounts list` migrates the database)."
+        )
     if result.identity is None or result.token is None:
         return None, result.message
     st.session_state[TOKEN_KEY] = result.token
@@ -178,8 +186,11 @@ def cookie_script(action: str, token: str | None, max_age_s: float) -> str:
         value = f"{COOKIE}={token}; Path=/; Max-Age={int(max_age_s)}; SameSite=Strict"
     else:
         value = f"{COOKIE}=; Path=/; Max-Age=0; SameSite=Strict"
-    return ("<script>document.cookie = " + json.dumps(value)
-            + " + (window.location.protocol === 'https:' ? '; Secure' : '');</script>")
+    return (
+        "<script>document.cookie = "
+        + json.dumps(value)
+        + " + (window.location.protocol === 'https:' ? '; Secure' : '');</script>"
+    )
 
 
 def render_cookie_sync() -> None:

@@ -63,8 +63,16 @@ def _error_text(response: httpx.Response) -> str:
 class SidecarControl:
     """One sidecar's control API, on behalf of one signed-in person."""
 
-    def __init__(self, client: httpx.Client, base_url: str, *, token: str | None, actor: str,
-                 name: str | None = None, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        client: httpx.Client,
+        base_url: str,
+        *,
+        token: str | None,
+        actor: str,
+        name: str | None = None,
+        timeout: float = 5.0,
+    ) -> None:
         self._client = client
         self.base_url = base_url.rstrip("/")
         self._token = token
@@ -75,37 +83,54 @@ class SidecarControl:
     def __repr__(self) -> str:  # never show the token
         return f"SidecarControl({self.name!r}, actor={self.actor!r})"
 
-    def _send(self, method: str, path: str, json: Mapping[str, Any] | None = None, *,
-              needs_token: bool = True) -> ControlResult:
+    def _send(
+        self, method: str, path: str, json: Mapping[str, Any] | None = None, *, needs_token: bool = True
+    ) -> ControlResult:
         headers = {"X-Actor": self.actor}
         if needs_token:
             if not self._token:
-                return ControlResult(False, f"No operator token is configured for sidecar {self.name}; "
-                                            "set PREFIXOPS_OPERATOR_TOKEN or its operator_token in "
-                                            "PREFIXOPS_CONFIG on the dashboard server. Nothing was sent.")
+                return ControlResult(
+                    False,
+                    f"No operator token is configured for sidecar {self.name}; "
+                    "set PREFIXOPS_OPERATOR_TOKEN or its operator_token in "
+                    "PREFIXOPS_CONFIG on the dashboard server. Nothing was sent.",
+                )
             headers["Authorization"] = f"Bearer {self._token}"
         url = self.base_url + path
         try:
             response = self._client.request(method, url, json=json, headers=headers, timeout=self._timeout)
         except httpx.TimeoutException:
             logger.warning("sidecar %s: %s %s timed out", self.name, method, path)
-            return ControlResult(False, f"Sidecar {self.name} did not answer within {self._timeout:g} s; "
-                                        "the action may or may not have been applied; check its state.")
+            return ControlResult(
+                False,
+                f"Sidecar {self.name} did not answer within {self._timeout:g} s; "
+                "the action may or may not have been applied; check its state.",
+            )
         except httpx.HTTPError as exc:
             logger.warning("sidecar %s: %s %s failed: %s", self.name, method, path, type(exc).__name__)
-            return ControlResult(False, f"Sidecar {self.name} is not reachable at {self.base_url} "
-                                        f"({type(exc).__name__}); is it running? Nothing was applied.")
+            return ControlResult(
+                False,
+                f"Sidecar {self.name} is not reachable at {self.base_url} "
+                f"({type(exc).__name__}); is it running? Nothing was applied.",
+            )
         if response.status_code in (401, 403):
-            return ControlResult(False, f"Sidecar {self.name} rejected the dashboard's operator token "
-                                        f"(HTTP {response.status_code}); the token configured on the "
-                                        "dashboard server does not match the sidecar's.",
-                                 response.status_code)
+            return ControlResult(
+                False,
+                f"Sidecar {self.name} rejected the dashboard's operator token "
+                f"(HTTP {response.status_code}); the token configured on the "
+                "dashboard server does not match the sidecar's.",
+                response.status_code,
+            )
         if response.status_code == 404:
-            return ControlResult(False, f"Sidecar {self.name}: not found (HTTP 404): {_error_text(response)}",
-                                 404)
+            return ControlResult(
+                False, f"Sidecar {self.name}: not found (HTTP 404): {_error_text(response)}", 404
+            )
         if response.status_code >= 400:
-            return ControlResult(False, f"Sidecar {self.name} refused (HTTP {response.status_code}): "
-                                        f"{_error_text(response)}", response.status_code)
+            return ControlResult(
+                False,
+                f"Sidecar {self.name} refused (HTTP {response.status_code}): {_error_text(response)}",
+                response.status_code,
+            )
         try:
             body: Any = response.json()
         except ValueError:
@@ -120,8 +145,9 @@ class SidecarControl:
         return self._send("GET", "/sessions", needs_token=False)
 
     # Actions.
-    def set_budgeter(self, *, mode: str | None = None, low: float | None = None,
-                     high: float | None = None) -> ControlResult:
+    def set_budgeter(
+        self, *, mode: str | None = None, low: float | None = None, high: float | None = None
+    ) -> ControlResult:
         payload = {k: v for k, v in (("mode", mode), ("low", low), ("high", high)) if v is not None}
         if not payload:
             return ControlResult(False, "Nothing to change: give a mode, a low band or a high band.")
@@ -131,11 +157,13 @@ class SidecarControl:
         return self._send("POST", f"/control/sessions/{quote(session_id, safe='')}/park")
 
     def unpark(self, session_id: str, *, pin: bool = False) -> ControlResult:
-        return self._send("POST", f"/control/sessions/{quote(session_id, safe='')}/unpark",
-                          {"pin": True} if pin else None)
+        return self._send(
+            "POST", f"/control/sessions/{quote(session_id, safe='')}/unpark", {"pin": True} if pin else None
+        )
 
-    def defer_compaction(self, *, minutes: float | None = None, until: float | None = None,
-                         reason: str | None = None) -> ControlResult:
+    def defer_compaction(
+        self, *, minutes: float | None = None, until: float | None = None, reason: str | None = None
+    ) -> ControlResult:
         if (minutes is None) == (until is None):
             return ControlResult(False, "Give exactly one of minutes or until to defer compaction.")
         payload: dict[str, Any] = {"minutes": minutes} if minutes is not None else {"until": until}

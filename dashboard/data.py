@@ -40,8 +40,10 @@ def database_problem(url: str) -> str | None:
     """Why the database cannot be read at all, or None."""
     path = sqlite_path(url)
     if path is not None and not path.exists():
-        return (f"No database at {path}: the collectors create it on their first start "
-                "(`python -m collectors`). Nothing to show yet.")
+        return (
+            f"No database at {path}: the collectors create it on their first start "
+            "(`python -m collectors`). Nothing to show yet."
+        )
     return None
 
 
@@ -77,9 +79,11 @@ def _read(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
             return fn(conn, *args, **kwargs)
     except (OperationalError, ProgrammingError) as exc:
         logger.warning("database read failed: %s", exc.orig if hasattr(exc, "orig") else exc)
-        raise DatabaseUnavailable(f"The database at {url.split('@')[-1]} cannot be read right now "
-                                  f"({type(getattr(exc, 'orig', exc)).__name__}: {getattr(exc, 'orig', exc)}). "
-                                  "If the collectors have never run, start them.") from None
+        raise DatabaseUnavailable(
+            f"The database at {url.split('@')[-1]} cannot be read right now "
+            f"({type(getattr(exc, 'orig', exc)).__name__}: {getattr(exc, 'orig', exc)}). "
+            "If the collectors have never run, start them."
+        ) from None
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
@@ -103,8 +107,14 @@ def latest(url: str, target_ids: tuple[int, ...], signals: tuple[str, ...] | Non
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def series(url: str, target_ids: tuple[int, ...], signals: tuple[str, ...], start: float, end: float,
-           max_points: int | None = None) -> pd.DataFrame:
+def series(
+    url: str,
+    target_ids: tuple[int, ...],
+    signals: tuple[str, ...],
+    start: float,
+    end: float,
+    max_points: int | None = None,
+) -> pd.DataFrame:
     return _read(url, q.series_frame, target_ids, signals, start, end, max_points)
 
 

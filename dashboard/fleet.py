@@ -26,52 +26,88 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def sidecar_snapshot(side: Mapping[str, Any], latest: Latest, sidecar_id: int | None) -> dict[str, float | None]:
+def sidecar_snapshot(
+    side: Mapping[str, Any], latest: Latest, sidecar_id: int | None
+) -> dict[str, float | None]:
     """R_t, R_r, D and the queue from the sidecar's newest /state (one snapshot), else its newest samples."""
     state = side.get("state") if isinstance(side.get("state"), dict) else {}
     reuse = state.get("reuse") or {}
     backlog = state.get("backlog") or {}
     out: dict[str, float | None] = {}
-    for key, section, field in (("R_t", reuse, "token_weighted"), ("R_r", reuse, "request_weighted"),
-                                ("D", reuse, "divergence"), ("waiting", backlog, "waiting"),
-                                ("parked", backlog, "parked"), ("oldest_waiting_s", backlog, "oldest_waiting_s"),
-                                ("oldest_parked_s", backlog, "oldest_parked_s")):
+    for key, section, field in (
+        ("R_t", reuse, "token_weighted"),
+        ("R_r", reuse, "request_weighted"),
+        ("D", reuse, "divergence"),
+        ("waiting", backlog, "waiting"),
+        ("parked", backlog, "parked"),
+        ("oldest_waiting_s", backlog, "oldest_waiting_s"),
+        ("oldest_parked_s", backlog, "oldest_parked_s"),
+    ):
         value = _num(section.get(field)) if side else None
         out[key] = value if value is not None else latest.value(sidecar_id, field)
     return out
 
 
-def fleet_rows(engines: Iterable[EngineRef], *, health: Mapping[int, TargetHealth], latest: Latest,
-               states: Mapping[int, Mapping[str, Any]], firing: Mapping[int, set[str]], now: float,
-               stale_after: float, collectors_ok: bool, collectors_age: float | None,
-               admission_wait_s: float | None) -> list[dict[str, Any]]:
+def fleet_rows(
+    engines: Iterable[EngineRef],
+    *,
+    health: Mapping[int, TargetHealth],
+    latest: Latest,
+    states: Mapping[int, Mapping[str, Any]],
+    firing: Mapping[int, set[str]],
+    now: float,
+    stale_after: float,
+    collectors_ok: bool,
+    collectors_age: float | None,
+    admission_wait_s: float | None,
+) -> list[dict[str, Any]]:
     rows = []
     for ref in engines:
         rules = set().union(*(firing.get(t, set()) for t in ref.target_ids)) if ref.target_ids else set()
         side = states.get(ref.sidecar_target_id or -1, {})
         snap = sidecar_snapshot(side, latest, ref.sidecar_target_id)
         queue = Queue(snap["waiting"], snap["oldest_waiting_s"], snap["oldest_parked_s"])
-        status = engine_status(ref, dict(health), now=now, stale_after=stale_after, collectors_ok=collectors_ok,
-                               collectors_age=collectors_age, firing_rules=rules, regime=side.get("regime"),
-                               divergence=snap["D"], queue=queue if ref.sidecar_target_id else None,
-                               admission_wait_s=admission_wait_s)
+        status = engine_status(
+            ref,
+            dict(health),
+            now=now,
+            stale_after=stale_after,
+            collectors_ok=collectors_ok,
+            collectors_age=collectors_age,
+            firing_rules=rules,
+            regime=side.get("regime"),
+            divergence=snap["D"],
+            queue=queue if ref.sidecar_target_id else None,
+            admission_wait_s=admission_wait_s,
+        )
         s_id, e_id = ref.sidecar_target_id, ref.engine_target_id
         demand = latest.value(s_id, "demand_tokens")
         pool = latest.value(s_id, "pool_tokens") or latest.summed(e_id, "pool_tokens")
-        rows.append({
-            "ref": ref, "status": status, "engine": ref.key, "state": status.badge, "why": status.why,
-            "R_t": snap["R_t"], "R_r": snap["R_r"], "D": snap["D"],
-            "demand / pool": None if demand is None or not pool else demand / pool,
-            "waiting at sidecar": snap["waiting"], "oldest wait": snap["oldest_waiting_s"],
-            "parked": snap["parked"], "oldest parked": snap["oldest_parked_s"],
-            "in system": latest.value(s_id, "sessions_in_system"), "turns/s": latest.value(s_id, "turns_per_s"),
-            "KV usage": _mean_over_labels(latest, e_id, "kv_usage"),
-            "engine running": latest.summed(e_id, "requests_running"),
-            "engine waiting": latest.summed(e_id, "requests_waiting"),
-            "open alerts": len(rules),
-            "engine: last good scrape": _scrape_age(health.get(e_id) if e_id is not None else None, now),
-            "sidecar: last good scrape": _scrape_age(health.get(s_id) if s_id is not None else None, now),
-        })
+        rows.append(
+            {
+                "ref": ref,
+                "status": status,
+                "engine": ref.key,
+                "state": status.badge,
+                "why": status.why,
+                "R_t": snap["R_t"],
+                "R_r": snap["R_r"],
+                "D": snap["D"],
+                "demand / pool": None if demand is None or not pool else demand / pool,
+                "waiting at sidecar": snap["waiting"],
+                "oldest wait": snap["oldest_waiting_s"],
+                "parked": snap["parked"],
+                "oldest parked": snap["oldest_parked_s"],
+                "in system": latest.value(s_id, "sessions_in_system"),
+                "turns/s": latest.value(s_id, "turns_per_s"),
+                "KV usage": _mean_over_labels(latest, e_id, "kv_usage"),
+                "engine running": latest.summed(e_id, "requests_running"),
+                "engine waiting": latest.summed(e_id, "requests_waiting"),
+                "open alerts": len(rules),
+                "engine: last good scrape": _scrape_age(health.get(e_id) if e_id is not None else None, now),
+                "sidecar: last good scrape": _scrape_age(health.get(s_id) if s_id is not None else None, now),
+            }
+        )
     return rows
 
 
@@ -90,10 +126,12 @@ def _mean_over_labels(latest: Latest, target_id: int | None, signal: str) -> flo
 
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Worst first: state precedence, then lowest R_t (unknown last), then natural name order."""
+
     def key(row: dict[str, Any]) -> tuple[Any, ...]:
         status: EngineStatus = row["status"]
         r_t = row["R_t"]
         return (status.rank, r_t is None, r_t if r_t is not None else 0.0, natural_key(row["engine"]))
+
     return sorted(rows, key=key)
 
 
@@ -113,8 +151,9 @@ def matches(ref: EngineRef, text: str) -> bool:
     return any(needle in item.lower() for item in haystack)
 
 
-def quantile_frame(frame: pd.DataFrame, signal: str, quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
-                   ) -> pd.DataFrame:
+def quantile_frame(
+    frame: pd.DataFrame, signal: str, quantiles: tuple[float, ...] = (0.1, 0.5, 0.9)
+) -> pd.DataFrame:
     """Per time bucket, the given quantiles of `signal` across targets (columns ``ts``, ``p10``, ...,
     ``engines`` = how many engines had a value). `frame` holds bucketed points (same ts per bucket)."""
     part = frame[frame["signal"] == signal]
@@ -128,8 +167,9 @@ def quantile_frame(frame: pd.DataFrame, signal: str, quantiles: tuple[float, ...
     return out.reset_index()[columns]
 
 
-def worst(rows: Iterable[dict[str, Any]], column: str, n: int = 3, *, highest: bool = False
-          ) -> list[EngineRef]:
+def worst(
+    rows: Iterable[dict[str, Any]], column: str, n: int = 3, *, highest: bool = False
+) -> list[EngineRef]:
     """The `n` engines with the lowest (or highest) current `column`, skipping unknown values."""
     known = [r for r in rows if r.get(column) is not None]
     known.sort(key=lambda r: (-r[column] if highest else r[column], natural_key(r["engine"])))

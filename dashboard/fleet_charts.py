@@ -28,35 +28,92 @@ def drop_frozen(frame: pd.DataFrame, frozen_after: Mapping[int, float]) -> pd.Da
     return frame[cutoff.isna() | (frame["ts"] <= cutoff)]
 
 
-def distribution_figure(frame: pd.DataFrame, signal: str, worst: Sequence[tuple[int, str]], *, title: str,
-                        y_title: str, start: float, end: float, now: float, stale_after: float, max_gap: float,
-                        y_range: tuple[float, float] | None = None, threshold: float | None = None,
-                        threshold_label: str | None = None, tickformat: str | None = None,
-                        marker_ts: float | None = None) -> go.Figure:
+def distribution_figure(
+    frame: pd.DataFrame,
+    signal: str,
+    worst: Sequence[tuple[int, str]],
+    *,
+    title: str,
+    y_title: str,
+    start: float,
+    end: float,
+    now: float,
+    stale_after: float,
+    max_gap: float,
+    y_range: tuple[float, float] | None = None,
+    threshold: float | None = None,
+    threshold_label: str | None = None,
+    tickformat: str | None = None,
+    marker_ts: float | None = None,
+) -> go.Figure:
     """p10-p90 band and p50 of `signal` across engines, and the `worst` (target id, name) engines as lines."""
     fig = go.Figure()
     q = quantile_frame(frame, signal)
     if not q.empty:
         q = charts.with_gaps(q.rename(columns={"p50": "value"}), max_gap).rename(columns={"value": "p50"})
         x = charts.to_time(q["ts"])
-        fig.add_trace(go.Scatter(x=x, y=q["p90"], mode="lines", line=dict(width=0), showlegend=False,
-                                 hoverinfo="skip", connectgaps=False))
-        fig.add_trace(go.Scatter(x=x, y=q["p10"], mode="lines", line=dict(width=0), fill="tonexty",
-                                 fillcolor="rgba(31,119,180,0.18)", name="p10-p90 of engines", connectgaps=False,
-                                 customdata=q["p90"], hovertemplate="p10 %{y:.2f}, p90 %{customdata:.2f}"))
-        fig.add_trace(go.Scatter(x=x, y=q["p50"], mode="lines", line=dict(color="#1f77b4", width=2),
-                                 name="median", connectgaps=False, customdata=q["engines"],
-                                 hovertemplate="median %{y:.2f} over %{customdata} engines"))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=q["p90"],
+                mode="lines",
+                line=dict(width=0),
+                showlegend=False,
+                hoverinfo="skip",
+                connectgaps=False,
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=q["p10"],
+                mode="lines",
+                line=dict(width=0),
+                fill="tonexty",
+                fillcolor="rgba(31,119,180,0.18)",
+                name="p10-p90 of engines",
+                connectgaps=False,
+                customdata=q["p90"],
+                hovertemplate="p10 %{y:.2f}, p90 %{customdata:.2f}",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=q["p50"],
+                mode="lines",
+                line=dict(color="#1f77b4", width=2),
+                name="median",
+                connectgaps=False,
+                customdata=q["engines"],
+                hovertemplate="median %{y:.2f} over %{customdata} engines",
+            )
+        )
     for i, (target_id, name) in enumerate(worst):
-        trace = charts.signal_line(frame[frame["target_id"] == target_id], signal, max_gap=max_gap, name=name,
-                                   color=WORST_COLORS[i % len(WORST_COLORS)], width=1.3)
+        trace = charts.signal_line(
+            frame[frame["target_id"] == target_id],
+            signal,
+            max_gap=max_gap,
+            name=name,
+            color=WORST_COLORS[i % len(WORST_COLORS)],
+            width=1.3,
+        )
         if trace is not None:
             fig.add_trace(trace)
     if threshold is not None:
-        fig.add_hline(y=threshold, line=dict(color="#d62728", dash="dash", width=1),
-                      annotation_text=threshold_label or f"threshold {threshold:g}", annotation_position="top left")
-    fig.update_yaxes(title_text=y_title, range=list(y_range) if y_range else None, rangemode="tozero",
-                     tickformat=tickformat, nticks=6)
+        fig.add_hline(
+            y=threshold,
+            line=dict(color="#d62728", dash="dash", width=1),
+            annotation_text=threshold_label or f"threshold {threshold:g}",
+            annotation_position="top left",
+        )
+    fig.update_yaxes(
+        title_text=y_title,
+        range=list(y_range) if y_range else None,
+        rangemode="tozero",
+        tickformat=tickformat,
+        nticks=6,
+    )
     if marker_ts is not None:
         charts.mark_moment(fig, marker_ts)
     charts.add_staleness(fig, None if frame.empty else float(frame["ts"].max()), min(now, end), stale_after)

@@ -31,13 +31,28 @@ from db.queries.turns import turns as stored_turns
 from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_run import run_forecast
 
-LATENCY_SIGNALS = ("itl_p50", "requests_running", "prompt_len_p50", "ttft_p50", "queue_time_p50",
-                   "engine_hit_ratio", "e2e_p50", "output_len_p50")
-ROWS = (("R_t (whole run)", "r_t"), ("R_t (last 5 min)", "r_t_last_5min"), ("turns/s", "turns_per_s"),
-        ("p95 turn latency (s)", "p95_turn_latency_s"), ("parked sessions (mean)", "parked_mean"),
-        ("parked sessions (end)", "parked_end"), ("parked sessions (max)", "parked_max"),
-        ("time parked (session-minutes)", "parked_session_minutes"), ("waiting (end)", "waiting_end"),
-        ("new sessions", "sessions_arrived"))
+LATENCY_SIGNALS = (
+    "itl_p50",
+    "requests_running",
+    "prompt_len_p50",
+    "ttft_p50",
+    "queue_time_p50",
+    "engine_hit_ratio",
+    "e2e_p50",
+    "output_len_p50",
+)
+ROWS = (
+    ("R_t (whole run)", "r_t"),
+    ("R_t (last 5 min)", "r_t_last_5min"),
+    ("turns/s", "turns_per_s"),
+    ("p95 turn latency (s)", "p95_turn_latency_s"),
+    ("parked sessions (mean)", "parked_mean"),
+    ("parked sessions (end)", "parked_end"),
+    ("parked sessions (max)", "parked_max"),
+    ("time parked (session-minutes)", "parked_session_minutes"),
+    ("waiting (end)", "waiting_end"),
+    ("new sessions", "sessions_arrived"),
+)
 
 
 @dataclass
@@ -59,8 +74,15 @@ class Job:
     def _run(self) -> None:
         try:
             for i, cfg in enumerate(self.configs):
-                self.results.append(run_forecast(self.inputs, cfg, self.minutes, self.seed,
-                                                 progress=lambda p, i=i: setattr(self, "progress", (i + p) / 2)))
+                self.results.append(
+                    run_forecast(
+                        self.inputs,
+                        cfg,
+                        self.minutes,
+                        self.seed,
+                        progress=lambda p, i=i: setattr(self, "progress", (i + p) / 2),
+                    )
+                )
         except Exception as exc:  # shown on the page; the thread must not die silently
             self.error = f"{type(exc).__name__}: {exc}"
         self.finished = time.time()
@@ -96,16 +118,30 @@ def fit_of(path: str | None, engine_url: str | None) -> tuple[dict[str, Any] | N
     return values, f"fit file {path}"
 
 
-def start(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
-          proposed: BudgeterConfig, minutes: float, now: float) -> tuple[Job | None, str]:
+def start(
+    settings: Settings,
+    ref: EngineRef,
+    state: dict[str, Any],
+    sessions: pd.DataFrame,
+    current: BudgeterConfig,
+    proposed: BudgeterConfig,
+    minutes: float,
+    now: float,
+) -> tuple[Job | None, str]:
     url = settings.database_url
     fit, note = fit_of(settings.fit_path, ref.engine_url)
     try:
         inputs = forecast_inputs(
-            pool_tokens=state.get("pool_tokens"), session_rows=sessions.to_dict("records"),
-            turn_rows=turn_rows(url, ref.sidecar_target_id, now - 2 * WINDOW_S) if ref.sidecar_target_id else [],
-            latency_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now), fit=fit,
-            current=current, now=now)
+            pool_tokens=state.get("pool_tokens"),
+            session_rows=sessions.to_dict("records"),
+            turn_rows=turn_rows(url, ref.sidecar_target_id, now - 2 * WINDOW_S)
+            if ref.sidecar_target_id
+            else [],
+            latency_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now),
+            fit=fit,
+            current=current,
+            now=now,
+        )
     except (ForecastError, data.DatabaseUnavailable) as exc:
         return None, str(exc)
     return Job(inputs, (current, proposed), minutes).start(), note
@@ -119,15 +155,26 @@ def _label(cfg: BudgeterConfig) -> str:
     return f"{cfg.mode} {cfg.low:.2f}-{cfg.high:.2f}"
 
 
-def section(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions: pd.DataFrame, current: BudgeterConfig,
-            proposed: BudgeterConfig | None, now: float) -> None:
+def section(
+    settings: Settings,
+    ref: EngineRef,
+    state: dict[str, Any],
+    sessions: pd.DataFrame,
+    current: BudgeterConfig,
+    proposed: BudgeterConfig | None,
+    now: float,
+) -> None:
     st.subheader("Preview the next N minutes")
     key = f"forecast_job_{ref.key}"
     cols = st.columns([1, 3])
-    minutes = cols[0].number_input("Minutes", min_value=5, max_value=360, value=30, step=5, key="forecast_minutes")
-    cols[1].caption("Runs the engine's sessions as of now, and new ones drawn from the last 30 minutes of turns, "
-                    "through the simulator under the current and the proposed mode and bands. The simulator knows "
-                    "only what the collectors know of this engine: its pool and its cost model.")
+    minutes = cols[0].number_input(
+        "Minutes", min_value=5, max_value=360, value=30, step=5, key="forecast_minutes"
+    )
+    cols[1].caption(
+        "Runs the engine's sessions as of now, and new ones drawn from the last 30 minutes of turns, "
+        "through the simulator under the current and the proposed mode and bands. The simulator knows "
+        "only what the collectors know of this engine: its pool and its cost model."
+    )
     if cols[0].button("Run forecast", key="forecast_run", disabled=proposed is None):
         assert proposed is not None
         job, note = start(settings, ref, state, sessions, current, proposed, float(minutes), now)
@@ -144,7 +191,9 @@ def section(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions:
         if not isinstance(job, Job):
             return
         if job.finished is None:
-            st.progress(min(1.0, job.progress), text=f"Forecasting {job.minutes:g} minutes… {job.progress:.0%}")
+            st.progress(
+                min(1.0, job.progress), text=f"Forecasting {job.minutes:g} minutes… {job.progress:.0%}"
+            )
             return
         if running:  # this fragment polls; finished: one whole-page run to show the result and stop polling
             st.rerun()
@@ -152,23 +201,36 @@ def section(settings: Settings, ref: EngineRef, state: dict[str, Any], sessions:
             st.error(escape_md(f"The forecast failed: {job.error}"))
             return
         sh = job.inputs.shapes
-        st.caption(escape_md(
-            f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
-            f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
-            f"{job.inputs.engine.pool_tokens} tokens; cost model from {job.inputs.cost_source} "
-            f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."))
+        st.caption(
+            escape_md(
+                f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
+                f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
+                f"{job.inputs.engine.pool_tokens} tokens; cost model from {job.inputs.cost_source} "
+                f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."
+            )
+        )
         a, b = (r["summary"] for r in job.results)
-        table = pd.DataFrame({"": [name for name, _ in ROWS],
-                              f"current: {_label(job.configs[0])}": [_fmt(a.get(k)) for _, k in ROWS],
-                              f"proposed: {_label(job.configs[1])}": [_fmt(b.get(k)) for _, k in ROWS]})
+        table = pd.DataFrame(
+            {
+                "": [name for name, _ in ROWS],
+                f"current: {_label(job.configs[0])}": [_fmt(a.get(k)) for _, k in ROWS],
+                f"proposed: {_label(job.configs[1])}": [_fmt(b.get(k)) for _, k in ROWS],
+            }
+        )
         st.dataframe(table, hide_index=True, key="forecast_table")
         per_min = {}
         for name, r in zip(("current", "proposed"), job.results, strict=True):
             s = r["series"]
             n = len(s["prompt_tokens"]) // 60
-            per_min[name] = [sum(s["cached_tokens"][m * 60:(m + 1) * 60]) / p if (
-                p := sum(s["prompt_tokens"][m * 60:(m + 1) * 60])) else None for m in range(n)]
-        st.line_chart(pd.DataFrame(per_min, index=pd.RangeIndex(1, len(per_min["current"]) + 1, name="minute")),
-                      y_label="R_t per minute")
+            per_min[name] = [
+                sum(s["cached_tokens"][m * 60 : (m + 1) * 60]) / p
+                if (p := sum(s["prompt_tokens"][m * 60 : (m + 1) * 60]))
+                else None
+                for m in range(n)
+            ]
+        st.line_chart(
+            pd.DataFrame(per_min, index=pd.RangeIndex(1, len(per_min["current"]) + 1, name="minute")),
+            y_label="R_t per minute",
+        )
 
     show()

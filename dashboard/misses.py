@@ -18,9 +18,16 @@ from dashboard import charts, data
 from dashboard import frames as q
 from db import queries
 
-CAUSE_COLORS = {"cold": "#9e9e9e", "new": "#cfd8dc", "partial-block": "#b0bec5", "prefix-changed": "#8e24aa",
-                "routed-away": "#1e88e5", "evicted-parked": "#fb8c00", "evicted-pressure": "#e53935",
-                "unattributed": "#6d4c41"}
+CAUSE_COLORS = {
+    "cold": "#9e9e9e",
+    "new": "#cfd8dc",
+    "partial-block": "#b0bec5",
+    "prefix-changed": "#8e24aa",
+    "routed-away": "#1e88e5",
+    "evicted-parked": "#fb8c00",
+    "evicted-pressure": "#e53935",
+    "unattributed": "#6d4c41",
+}
 MAX_BUCKETS = 120
 
 
@@ -32,11 +39,19 @@ def bucket_for(span_s: float) -> float:
     return 86400.0
 
 
-def _engine_hits(conn: Any, engine_id: int | None, start: float, end: float, bucket: float) -> dict[float, float] | None:
+def _engine_hits(
+    conn: Any, engine_id: int | None, start: float, end: float, bucket: float
+) -> dict[float, float] | None:
     if engine_id is None:
         return None
-    found = queries.series_range(conn, signals=sig.PREFIX_CACHE_HITS_PER_S, start_ts=start, end_ts=end,
-                                 target_ids=[engine_id], resolution="raw")
+    found = queries.series_range(
+        conn,
+        signals=sig.PREFIX_CACHE_HITS_PER_S,
+        start_ts=start,
+        end_ts=end,
+        target_ids=[engine_id],
+        resolution="raw",
+    )
     out: dict[float, list[float]] = {}
     for s in found["series"]:
         for ts, value in zip(s["ts"], s["value"], strict=True):
@@ -51,8 +66,14 @@ def _engine_hits(conn: Any, engine_id: int | None, start: float, end: float, buc
 def attribution(conn: Any, ref: q.EngineRef, start: float, end: float) -> dict[str, Any]:
     bucket = bucket_for(end - start)
     hits = _engine_hits(conn, ref.engine_target_id, start, end, bucket)
-    return queries.miss_attribution(conn, sidecar_ids=[ref.sidecar_target_id] if ref.sidecar_target_id else [],
-                                    start_ts=start, end_ts=end, bucket_s=bucket, engine_hits=hits)
+    return queries.miss_attribution(
+        conn,
+        sidecar_ids=[ref.sidecar_target_id] if ref.sidecar_target_id else [],
+        start_ts=start,
+        end_ts=end,
+        bucket_s=bucket,
+        engine_hits=hits,
+    )
 
 
 @st.cache_data(ttl=data.TTL, show_spinner=False)
@@ -69,15 +90,30 @@ def figure(result: dict[str, Any], *, start: float, end: float, include_new: boo
         for cause in shown:
             fig.add_trace(go.Bar(x=x, y=frame[cause], name=cause, marker_color=CAUSE_COLORS[cause]))
         if frame["recomputed"].notna().any():
-            fig.add_trace(go.Scatter(x=x, y=frame["recomputed"], name="hits counted for recomputation",
-                                     mode="lines+markers", line=dict(color="black", dash="dot")))
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=frame["recomputed"],
+                    name="hits counted for recomputation",
+                    mode="lines+markers",
+                    line=dict(color="black", dash="dot"),
+                )
+            )
     fig.update_layout(barmode="stack", yaxis_title="prompt tokens")
     return charts._finish(fig, start, end, "Missed prompt tokens by cause (UTC)", height=340)
 
 
 def sessions_frame(result: dict[str, Any]) -> pd.DataFrame:
-    rows = [{"session": s["session"], "missed tokens": s["missed"], "turns": s["turns"],
-             "prompt tokens": s["prompt_tokens"], **{c: s[c] for c in MISS_CAUSES}} for s in result["sessions"]]
+    rows = [
+        {
+            "session": s["session"],
+            "missed tokens": s["missed"],
+            "turns": s["turns"],
+            "prompt tokens": s["prompt_tokens"],
+            **{c: s[c] for c in MISS_CAUSES},
+        }
+        for s in result["sessions"]
+    ]
     return pd.DataFrame(rows, columns=["session", "missed tokens", "turns", "prompt tokens", *MISS_CAUSES])
 
 
@@ -88,15 +124,19 @@ def engine_panel(url: str, ref: q.EngineRef, start: float, end: float) -> None:
         return
     result = cached_attribution(url, ref, start, end)
     include_new = st.toggle("Include new tokens and the partial-block tail", key="misses_new", value=False)
-    st.plotly_chart(figure(result, start=start, end=end, include_new=include_new), key="engine_misses",
-                    width="stretch")
+    st.plotly_chart(
+        figure(result, start=start, end=end, include_new=include_new), key="engine_misses", width="stretch"
+    )
     totals = result["totals"]
     missed = sum(totals[c] for c in MISS_CAUSES)
-    st.caption(f"{missed:,} missed prompt tokens in this window: "
-               + ", ".join(f"{c} {totals[c]:,}" for c in MISS_CAUSES if totals[c]) + ". "
-               "Each turn's uncached tokens go to the first cause that fits (core/attribution.py). The dotted "
-               "line is the engine's prefix-cache hits beyond the sidecar's cached tokens (recomputation after "
-               "preemption, which vLLM counts as hits): not a per-turn cause.")
+    st.caption(
+        f"{missed:,} missed prompt tokens in this window: "
+        + ", ".join(f"{c} {totals[c]:,}" for c in MISS_CAUSES if totals[c])
+        + ". "
+        "Each turn's uncached tokens go to the first cause that fits (core/attribution.py). The dotted "
+        "line is the engine's prefix-cache hits beyond the sidecar's cached tokens (recomputation after "
+        "preemption, which vLLM counts as hits): not a per-turn cause."
+    )
 
 
 def sessions_panel(url: str, ref: q.EngineRef, start: float, end: float) -> None:

@@ -41,22 +41,31 @@ def budgeter_from_rows(budgeter_state: dict[str, Any], sessions: pd.DataFrame) -
             continue
         doc = r.data if isinstance(r.data, dict) else {}
         first_seen = _num(r.first_seen_ts) or 0.0
-        rows.append({
-            "id": str(r.session_id),
-            "state": r.state,
-            "arrived_at": _num(doc.get("arrived_at")) or first_seen,
-            "admitted_at": _num(doc.get("admitted_at")),
-            "context_tokens": int(r.context_tokens or 0),
-            "output_budget": int(_num(doc.get("output_budget")) or 0),
-            "turns": int(r.turns or 0),
-            "manual": bool(r.manual),
-            "pinned": bool(r.pinned),
-            "parked_since": _num(doc.get("parked_since")),
-            "last_activity": _num(doc.get("last_activity")) or _num(r.last_seen_ts) or first_seen,
-        })
-    return Budgeter.from_dict({"config": current_config(budgeter_state).to_dict(),
-                               "pool_tokens": int(pool) if _num(pool) else None, "sessions": rows})
+        rows.append(
+            {
+                "id": str(r.session_id),
+                "state": r.state,
+                "arrived_at": _num(doc.get("arrived_at")) or first_seen,
+                "admitted_at": _num(doc.get("admitted_at")),
+                "context_tokens": int(r.context_tokens or 0),
+                "output_budget": int(_num(doc.get("output_budget")) or 0),
+                "turns": int(r.turns or 0),
+                "manual": bool(r.manual),
+                "pinned": bool(r.pinned),
+                "parked_since": _num(doc.get("parked_since")),
+                "last_activity": _num(doc.get("last_activity")) or _num(r.last_seen_ts) or first_seen,
+            }
+        )
+    return Budgeter.from_dict(
+        {
+            "config": current_config(budgeter_state).to_dict(),
+            "pool_tokens": int(pool) if _num(pool) else None,
+            "sessions": rows,
+        }
+    )
 
 
-def preview(budgeter_state: dict[str, Any], sessions: pd.DataFrame, config: BudgeterConfig, now: float) -> Preview:
+def preview(
+    budgeter_state: dict[str, Any], sessions: pd.DataFrame, config: BudgeterConfig, now: float
+) -> Preview:
     return budgeter_from_rows(budgeter_state, sessions).preview(config, now)

@@ -41,7 +41,9 @@ def latest_risk(ref: EngineRef, latest: Latest) -> tuple[float | None, str]:
             best = (score, label)
     if best is None:
         return None, ""
-    contributions = [(latest.value(target, s, best[1]) or 0.0, NAME_OF_SIGNAL[s]) for s in sig.RISK_INPUT_SIGNALS]
+    contributions = [
+        (latest.value(target, s, best[1]) or 0.0, NAME_OF_SIGNAL[s]) for s in sig.RISK_INPUT_SIGNALS
+    ]
     leading = [name for value, name in sorted(contributions, key=lambda c: (-c[0], c[1])) if value > 0][:3]
     return best[0], ", ".join(leading)
 
@@ -72,21 +74,45 @@ def timeline_figure(frame: pd.DataFrame, *, start: float, end: float, max_gap: f
         if part.empty or float(part["value"].max()) <= 0:
             continue
         part = charts.with_gaps(part.sort_values("ts"), max_gap)
-        fig.add_trace(go.Scatter(x=charts.to_time(part["ts"]), y=part["value"], name=NAME_OF_SIGNAL[s],
-                                 mode="lines", stackgroup="inputs", line={"width": 0.5},
-                                 hovertemplate="%{y:.2f}"))
+        fig.add_trace(
+            go.Scatter(
+                x=charts.to_time(part["ts"]),
+                y=part["value"],
+                name=NAME_OF_SIGNAL[s],
+                mode="lines",
+                stackgroup="inputs",
+                line={"width": 0.5},
+                hovertemplate="%{y:.2f}",
+            )
+        )
     score = frame[frame["signal"] == sig.COLLAPSE_RISK] if not frame.empty else frame
     if not score.empty:
         score = charts.with_gaps(score.sort_values("ts"), max_gap)
-        fig.add_trace(go.Scatter(x=charts.to_time(score["ts"]), y=score["value"].clip(upper=1.0), name="risk score",
-                                 mode="lines", line={"color": "black", "width": 2}, hovertemplate="%{y:.2f}"))
+        fig.add_trace(
+            go.Scatter(
+                x=charts.to_time(score["ts"]),
+                y=score["value"].clip(upper=1.0),
+                name="risk score",
+                mode="lines",
+                line={"color": "black", "width": 2},
+                hovertemplate="%{y:.2f}",
+            )
+        )
     for y, text in ((_SETTINGS.risk_enter, "warns"), (_SETTINGS.risk_exit, "clears")):
-        fig.add_hline(y=y, line={"dash": "dash", "width": 1, "color": "#c62828" if text == "warns" else "#9e9e9e"},
-                      annotation_text=f"{text} ({y:g})", annotation_position="top left")
+        fig.add_hline(
+            y=y,
+            line={"dash": "dash", "width": 1, "color": "#c62828" if text == "warns" else "#9e9e9e"},
+            annotation_text=f"{text} ({y:g})",
+            annotation_position="top left",
+        )
     fig.update_yaxes(range=[0, 1.05], title="collapse risk")
     fig.update_xaxes(range=[charts.to_time(start), charts.to_time(end)])
-    fig.update_layout(title="Collapse risk and its inputs (stacked contributions)", height=320,
-                      margin={"l": 40, "r": 10, "t": 40, "b": 30}, legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(
+        title="Collapse risk and its inputs (stacked contributions)",
+        height=320,
+        margin={"l": 40, "r": 10, "t": 40, "b": 30},
+        legend={"orientation": "h", "y": -0.2},
+    )
     return fig
 
 
@@ -95,9 +121,18 @@ def leading_table(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=["input", "contribution", "why"])
     newest = frame.sort_values("ts").groupby("signal").tail(1)
-    rows = [{"input": NAME_OF_SIGNAL[r.signal], "contribution": float(r.value), "why": model.WHY[NAME_OF_SIGNAL[r.signal]]}
-            for r in newest.itertuples() if r.signal in NAME_OF_SIGNAL and r.value > 0]
-    return pd.DataFrame(sorted(rows, key=lambda r: -r["contribution"]), columns=["input", "contribution", "why"])
+    rows = [
+        {
+            "input": NAME_OF_SIGNAL[r.signal],
+            "contribution": float(r.value),
+            "why": model.WHY[NAME_OF_SIGNAL[r.signal]],
+        }
+        for r in newest.itertuples()
+        if r.signal in NAME_OF_SIGNAL and r.value > 0
+    ]
+    return pd.DataFrame(
+        sorted(rows, key=lambda r: -r["contribution"]), columns=["input", "contribution", "why"]
+    )
 
 
 def render_timeline(url: str, ref: EngineRef, start: float, end: float, max_gap: float) -> None:
@@ -112,16 +147,24 @@ def render_timeline(url: str, ref: EngineRef, start: float, end: float, max_gap:
     if target is not None:
         frame = data.series(url, (target,), SIGNALS, start, end)
     if frame.empty:
-        st.caption("No collapse-risk samples in this range (the collectors compute it every scrape; "
-                   "an engine a sidecar fronts is judged on its sidecar).")
+        st.caption(
+            "No collapse-risk samples in this range (the collectors compute it every scrape; "
+            "an engine a sidecar fronts is judged on its sidecar)."
+        )
         return
-    st.plotly_chart(timeline_figure(frame, start=start, end=end, max_gap=max_gap), key="engine_risk",
-                    width="stretch")
+    st.plotly_chart(
+        timeline_figure(frame, start=start, end=end, max_gap=max_gap), key="engine_risk", width="stretch"
+    )
     table = leading_table(frame)
     mode = "sidecar" if ref.sidecar_target_id is not None else "engine-only"
     st.caption(f"Judged on {mode} inputs (docs/collapse-risk.md). Leading inputs at the end of the range:")
     if table.empty:
         st.caption("none under pressure.")
     else:
-        st.dataframe(table, hide_index=True, key="engine_risk_leading", width="stretch",
-                     column_config={"contribution": st.column_config.NumberColumn(format="%.2f")})
+        st.dataframe(
+            table,
+            hide_index=True,
+            key="engine_risk_leading",
+            width="stretch",
+            column_config={"contribution": st.column_config.NumberColumn(format="%.2f")},
+        )

@@ -34,7 +34,6 @@ from db import DEFAULT_DATABASE_URL
 logger = logging.getLogger(__name__)
 
 
-
 class SettingsError(ValueError):
     """An environment variable holds a value the dashboard cannot use."""
 
@@ -70,7 +69,9 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         allow = frozenset(
-            item.strip().lower() for item in env.get("PREFIXOPS_OPERATOR_ALLOWLIST", "").split(",") if item.strip()
+            item.strip().lower()
+            for item in env.get("PREFIXOPS_OPERATOR_ALLOWLIST", "").split(",")
+            if item.strip()
         )
         return cls(
             database_url=setting(env, "DATABASE_URL") or DEFAULT_DATABASE_URL,

@@ -25,8 +25,10 @@ def _no_accounts_hint(settings: Settings) -> str | None:
             return None
     except SQLAlchemyError:
         return None
-    return ("No accounts yet: create one on the server with "
-            "`python -m dashboard accounts add NAME --role admin` (the password is read from standard input).")
+    return (
+        "No accounts yet: create one on the server with "
+        "`python -m dashboard accounts add NAME --role admin` (the password is read from standard input)."
+    )
 
 
 def render_sign_in(settings: Settings) -> auth.Operator | None:
@@ -36,8 +38,11 @@ def render_sign_in(settings: Settings) -> auth.Operator | None:
         auth.render_cookie_sync()
         st.subheader("Account")
         if who is not None:
-            st.markdown(f"Signed in as **{escape_md(who.name)}** ({who.role}"
-                        + (", single sign-on" if who.method == "oidc" else "") + ")")
+            st.markdown(
+                f"Signed in as **{escape_md(who.name)}** ({who.role}"
+                + (", single sign-on" if who.method == "oidc" else "")
+                + ")"
+            )
             if who.method == "password":
                 if st.button("Sign out", key="sign_out"):
                     auth.sign_out(settings)
@@ -52,8 +57,9 @@ def render_sign_in(settings: Settings) -> auth.Operator | None:
                 st.caption(hint)
             with st.form("sign_in_form", clear_on_submit=False):
                 name = st.text_input("Account", key="sign_in_name", max_chars=64, autocomplete="username")
-                password = st.text_input("Password", type="password", key="sign_in_password",
-                                         autocomplete="current-password")
+                password = st.text_input(
+                    "Password", type="password", key="sign_in_password", autocomplete="current-password"
+                )
                 submitted = st.form_submit_button("Sign in")
             if submitted:
                 op, message = auth.try_sign_in(settings, name or "", password or "")
@@ -84,9 +90,15 @@ def render_heartbeat(settings: Settings) -> None:
         alerts = data.alerts(settings.database_url, now - 86400)
     except data.DatabaseUnavailable:
         return
-    firing_down = set() if alerts.empty else {
-        int(t) for t in alerts[(alerts["state"] == "firing") & (alerts["rule"] == "target-down")]["target_id"]
-        if t == t}
+    firing_down = (
+        set()
+        if alerts.empty
+        else {
+            int(t)
+            for t in alerts[(alerts["state"] == "firing") & (alerts["rule"] == "target-down")]["target_id"]
+            if t == t
+        }
+    )
     with st.sidebar:
         st.subheader("Collectors")
         if not beats:

@@ -28,13 +28,32 @@ from dashboard.frames import EngineRef, TargetHealth
 
 STATES = ("down", "stale", "collapsed", "queueing", "thin-reuse", "healthy", "unknown")
 RANK = {state: i for i, state in enumerate(STATES)}
-BADGE = {"down": "DOWN", "stale": "STALE", "collapsed": "COLLAPSED", "queueing": "QUEUEING",
-         "thin-reuse": "THIN-REUSE", "healthy": "healthy", "unknown": "unknown"}
-COLOR = {"DOWN": "#f8d0d0", "STALE": "#e0e0e0", "COLLAPSED": "#fbd9b5", "QUEUEING": "#fde2c4",
-         "THIN-REUSE": "#fbf0b5", "healthy": "#d5f0d5", "unknown": "#e0e0e0"}
+BADGE = {
+    "down": "DOWN",
+    "stale": "STALE",
+    "collapsed": "COLLAPSED",
+    "queueing": "QUEUEING",
+    "thin-reuse": "THIN-REUSE",
+    "healthy": "healthy",
+    "unknown": "unknown",
+}
+COLOR = {
+    "DOWN": "#f8d0d0",
+    "STALE": "#e0e0e0",
+    "COLLAPSED": "#fbd9b5",
+    "QUEUEING": "#fde2c4",
+    "THIN-REUSE": "#fbf0b5",
+    "healthy": "#d5f0d5",
+    "unknown": "#e0e0e0",
+}
 # The alert rule behind each state: its fix pages and runbook section are the next step.
-STATE_RULE = {"down": "target-down", "stale": "stale-data", "collapsed": "collapse", "queueing": "admission-wait",
-              "thin-reuse": "thin-reuse"}
+STATE_RULE = {
+    "down": "target-down",
+    "stale": "stale-data",
+    "collapsed": "collapse",
+    "queueing": "admission-wait",
+    "thin-reuse": "thin-reuse",
+}
 NEXT_STEP = {
     "down": "check the process and host of the target named (Engine page)",
     "stale": "check the collectors (sidebar heartbeat) and the target's scrape errors (Engine page)",
@@ -95,10 +114,20 @@ def collectors_alive(last_beat_ts: float | None, now: float, stale_after: float)
     return last_beat_ts is not None and now - last_beat_ts <= stale_after
 
 
-def engine_status(ref: EngineRef, health: dict[int, TargetHealth], *, now: float, stale_after: float,
-                  collectors_ok: bool, collectors_age: float | None, firing_rules: set[str],
-                  regime: str | None, divergence: float | None = None, queue: Queue | None = None,
-                  admission_wait_s: float | None = None) -> EngineStatus:
+def engine_status(
+    ref: EngineRef,
+    health: dict[int, TargetHealth],
+    *,
+    now: float,
+    stale_after: float,
+    collectors_ok: bool,
+    collectors_age: float | None,
+    firing_rules: set[str],
+    regime: str | None,
+    divergence: float | None = None,
+    queue: Queue | None = None,
+    admission_wait_s: float | None = None,
+) -> EngineStatus:
     """Classify one engine; `firing_rules` are the rules firing for its targets, `regime` and
     `divergence` come from the same sidecar /state snapshot."""
     parts = [health[t] for t in ref.target_ids if t in health]
@@ -107,8 +136,10 @@ def engine_status(ref: EngineRef, health: dict[int, TargetHealth], *, now: float
     if not collectors_ok:
         last = [h for h in parts if not h.up]
         known = "last known: down" if last else "last known: up"
-        return EngineStatus("stale", f"collectors' heartbeat is {age_text(collectors_age)}; nothing below is "
-                                     f"current ({known})")
+        return EngineStatus(
+            "stale",
+            f"collectors' heartbeat is {age_text(collectors_age)}; nothing below is current ({known})",
+        )
     down = [h for h in parts if not h.up]
     if down:
         h = down[0]
@@ -122,14 +153,19 @@ def engine_status(ref: EngineRef, health: dict[int, TargetHealth], *, now: float
         h = min(parts, key=lambda x: x.last_success_ts or 0.0)
         return EngineStatus("stale", f"{h.role} {h.name}: its last good scrape {age_text(now - oldest)}")
     if "collapse" in firing_rules:
-        return EngineStatus("collapsed", "alert collapse firing: hit rate fell, throughput fell, backlog growing")
+        return EngineStatus(
+            "collapsed", "alert collapse firing: hit rate fell, throughput fell, backlog growing"
+        )
     wait = queue.oldest_waiting_s if queue else None
     over = wait is not None and admission_wait_s is not None and wait > admission_wait_s
     if "admission-wait" in firing_rules or over:
         n = queue.waiting if queue else None
         limit = f" (limit {admission_wait_s:.0f} s)" if admission_wait_s is not None else ""
-        return EngineStatus("queueing", f"{'?' if n is None else f'{n:.0f}'} sessions waiting at the sidecar, the "
-                                        f"oldest for {duration_text(wait)}{limit}")
+        return EngineStatus(
+            "queueing",
+            f"{'?' if n is None else f'{n:.0f}'} sessions waiting at the sidecar, the "
+            f"oldest for {duration_text(wait)}{limit}",
+        )
     d = f"D = {divergence:.2f}" if divergence is not None else "D"
     if regime == "thin-reuse":
         return EngineStatus("thin-reuse", f"sidecar reports the thin-reuse regime ({d})")

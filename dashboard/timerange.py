@@ -24,8 +24,14 @@ import streamlit as st
 
 from dashboard.settings import Settings
 
-RANGES: dict[str, float] = {"15m": 900.0, "1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0,
-                            "30d": 30 * 86400.0}
+RANGES: dict[str, float] = {
+    "15m": 900.0,
+    "1h": 3600.0,
+    "6h": 6 * 3600.0,
+    "24h": 86400.0,
+    "7d": 7 * 86400.0,
+    "30d": 30 * 86400.0,
+}
 CUSTOM = "custom"
 DEFAULT_RANGE = "1h"
 SHARED_KEY = "shared_time_range"
@@ -66,8 +72,9 @@ def live_end(settings: Settings, now: float | None = None) -> float:
     return math.ceil((time.time() if now is None else now) / step) * step
 
 
-def resolve(params: dict[str, str], shared: dict[str, object], now: float, default: str = DEFAULT_RANGE
-            ) -> TimeWindow:
+def resolve(
+    params: dict[str, str], shared: dict[str, object], now: float, default: str = DEFAULT_RANGE
+) -> TimeWindow:
     """The window the URL (then the session's last choice, then `default`) asks for at `now`. Pure."""
     label = params.get("range") or str(shared.get("range") or default)
     if label not in RANGES and label != CUSTOM:
@@ -76,7 +83,9 @@ def resolve(params: dict[str, str], shared: dict[str, object], now: float, defau
     start_p, end_p = _epoch(params.get("from")), _epoch(params.get("to"))
     if at is not None:
         span = RANGES.get(label, RANGES[DEFAULT_RANGE])
-        return TimeWindow(at - span / 2, at + span / 2, label if label in RANGES else DEFAULT_RANGE, at, False)
+        return TimeWindow(
+            at - span / 2, at + span / 2, label if label in RANGES else DEFAULT_RANGE, at, False
+        )
     if label == CUSTOM:
         if start_p is not None and end_p is not None and start_p < end_p:
             return TimeWindow(start_p, end_p, CUSTOM, None, False)
@@ -109,18 +118,33 @@ def time_control(settings: Settings, *, key: str, default: str = DEFAULT_RANGE) 
     window = resolve({k: v for k, v in params.items() if v is not None}, shared, now, default)
     if window.at is not None:
         cols = st.columns([5, 1])
-        cols[0].info(f"Showing the moment {_utc(window.at):%Y-%m-%d %H:%M:%S} UTC (from a link, marked on the "
-                     f"charts) in a {window.label} window centred on it: the state at that time, not live.")
+        cols[0].info(
+            f"Showing the moment {_utc(window.at):%Y-%m-%d %H:%M:%S} UTC (from a link, marked on the "
+            f"charts) in a {window.label} window centred on it: the state at that time, not live."
+        )
         if cols[1].button("Back to live", key=f"{key}_back_live"):
             _set_params(at=None, **{"from": None, "to": None})
             st.rerun()
         return window
     cols = st.columns([7, 2])
     options = [*RANGES, CUSTOM]
-    chosen = cols[0].segmented_control("Time range", options, default=window.label, key=f"{key}_range",
-                                       format_func=lambda v: v if v == CUSTOM else f"last {v}") or window.label
-    live = cols[1].toggle("Live", value=window.live and chosen != CUSTOM, key=f"{key}_live",
-                          disabled=chosen == CUSTOM, help="off: pause the view where it is (nothing refreshes)")
+    chosen = (
+        cols[0].segmented_control(
+            "Time range",
+            options,
+            default=window.label,
+            key=f"{key}_range",
+            format_func=lambda v: v if v == CUSTOM else f"last {v}",
+        )
+        or window.label
+    )
+    live = cols[1].toggle(
+        "Live",
+        value=window.live and chosen != CUSTOM,
+        key=f"{key}_live",
+        disabled=chosen == CUSTOM,
+        help="off: pause the view where it is (nothing refreshes)",
+    )
     if chosen == CUSTOM:
         row = st.columns(2)
         start = row[0].datetime_input("From (UTC)", value=_utc(window.start), key=f"{key}_from")
@@ -133,7 +157,9 @@ def time_control(settings: Settings, *, key: str, default: str = DEFAULT_RANGE) 
         shared["range"] = CUSTOM
         return TimeWindow(s_ts, e_ts, CUSTOM, None, False)
     span = RANGES[chosen]
-    if params.get("range") or chosen != window.label:  # a choice (not a page's default) follows to other pages
+    if (
+        params.get("range") or chosen != window.label
+    ):  # a choice (not a page's default) follows to other pages
         shared["range"] = chosen
     if live:
         _set_params(range=chosen, **{"from": None, "to": None})

@@ -75,8 +75,11 @@ def route_default_alias(default_url_path: str) -> None:
 
     ctx = get_script_run_ctx()
     manager = getattr(ctx, "pages_manager", None)
-    if manager is not None and not manager.intended_page_script_hash \
-            and manager.intended_page_name == default_url_path:
+    if (
+        manager is not None
+        and not manager.intended_page_script_hash
+        and manager.intended_page_name == default_url_path
+    ):
         manager.set_script_intent("", "")
 
 
@@ -117,8 +120,10 @@ def require_database(settings: Settings) -> None:
 def choose_engine(engines: list[EngineRef], *, key: str = "engine") -> EngineRef | None:
     """Engine picker synced with `?engine=`; opens on the first engine when none is chosen."""
     if not engines:
-        st.info("No engines known yet: the collectors have not recorded any targets. "
-                "Check PREFIXOPS_CONFIG / the collectors' command line.")
+        st.info(
+            "No engines known yet: the collectors have not recorded any targets. "
+            "Check PREFIXOPS_CONFIG / the collectors' command line."
+        )
         return None
     keys = [e.key for e in engines]
     wanted = st.query_params.get("engine") or st.session_state.get(LAST_ENGINE_KEY)
@@ -148,6 +153,7 @@ def admission_wait_limit() -> float | None:
 
 def csv_safe(frame: pd.DataFrame) -> bytes:
     """CSV in which no cell can run as a spreadsheet formula (session ids and names come from clients)."""
+
     def cell(value: object) -> object:
         if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
             return "'" + value

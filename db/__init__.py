@@ -56,8 +56,14 @@ def _normalise(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool = False,
-                lock_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str | None = None,
+    *,
+    read_only: bool = False,
+    echo: bool = False,
+    lock_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    **kwargs: Any,
+) -> Engine:
     """Open the database at `url` (see module docstring); creates data/ for a SQLite file when writing.
 
     `lock_timeout_ms`: how long a statement waits for a lock before it fails (SQLite's busy
@@ -65,10 +71,14 @@ def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool =
     url = _normalise(database_url(url))
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return _make_sqlite_engine(url, read_only=read_only, echo=echo, lock_timeout_ms=lock_timeout_ms, **kwargs)
+        return _make_sqlite_engine(
+            url, read_only=read_only, echo=echo, lock_timeout_ms=lock_timeout_ms, **kwargs
+        )
     if lock_timeout_ms != SQLITE_BUSY_TIMEOUT_MS:
         connect_args = dict(kwargs.pop("connect_args", {}))
-        connect_args["options"] = f"{connect_args.get('options', '')} -c lock_timeout={int(lock_timeout_ms)}".strip()
+        connect_args["options"] = (
+            f"{connect_args.get('options', '')} -c lock_timeout={int(lock_timeout_ms)}".strip()
+        )
         kwargs["connect_args"] = connect_args
     engine = create_engine(url, echo=echo, pool_pre_ping=True, **kwargs)
     if read_only:
@@ -76,28 +86,35 @@ def make_engine(url: str | None = None, *, read_only: bool = False, echo: bool =
     return engine
 
 
-def _make_sqlite_engine(url: str, *, read_only: bool, echo: bool, lock_timeout_ms: int, **kwargs: Any) -> Engine:
+def _make_sqlite_engine(
+    url: str, *, read_only: bool, echo: bool, lock_timeout_ms: int, **kwargs: Any
+) -> Engine:
     path = sqlite_path(url)
     if path is None:
         # In-memory: one shared connection, or every connection would see its own empty database.
         from sqlalchemy.pool import StaticPool
 
-        engine = create_engine(url, echo=echo, poolclass=StaticPool,
-                               connect_args={"check_same_thread": False}, **kwargs)
+        engine = create_engine(
+            url, echo=echo, poolclass=StaticPool, connect_args={"check_same_thread": False}, **kwargs
+        )
     elif read_only:
         resolved = path.resolve()
 
         def connect_read_only() -> sqlite3.Connection:
-            return sqlite3.connect(f"file:{resolved}?mode=ro", uri=True, check_same_thread=False,
-                                   timeout=lock_timeout_ms / 1000)
+            return sqlite3.connect(
+                f"file:{resolved}?mode=ro", uri=True, check_same_thread=False, timeout=lock_timeout_ms / 1000
+            )
 
         kwargs.setdefault("poolclass", NullPool)
         engine = create_engine("sqlite://", creator=connect_read_only, echo=echo, **kwargs)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, echo=echo, connect_args={"check_same_thread": False,
-                                                             "timeout": lock_timeout_ms / 1000},
-                               **kwargs)
+        engine = create_engine(
+            url,
+            echo=echo,
+            connect_args={"check_same_thread": False, "timeout": lock_timeout_ms / 1000},
+            **kwargs,
+        )
 
     @event.listens_for(engine, "connect")
     def _set_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -81,39 +81,101 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def log_event(engine: Engine, *, event: str, account: str | None, outcome: str, method: str | None = None,
-              client: str | None = None, actor: str | None = None, detail: dict[str, Any] | None = None,
-              now: float | None = None) -> None:
+def log_event(
+    engine: Engine,
+    *,
+    event: str,
+    account: str | None,
+    outcome: str,
+    method: str | None = None,
+    client: str | None = None,
+    actor: str | None = None,
+    detail: dict[str, Any] | None = None,
+    now: float | None = None,
+) -> None:
     with engine.begin() as conn:
-        conn.execute(insert(SecurityEvent).values(
-            ts=time.time() if now is None else now, event=event, account=(account or "")[:200] or None,
-            outcome=outcome[:200], method=method, client=(client or "")[:200] or None,
-            actor=actor, detail=detail or {}))
+        conn.execute(
+            insert(SecurityEvent).values(
+                ts=time.time() if now is None else now,
+                event=event,
+                account=(account or "")[:200] or None,
+                outcome=outcome[:200],
+                method=method,
+                client=(client or "")[:200] or None,
+                actor=actor,
+                detail=detail or {},
+            )
+        )
 
 
 def security_events(engine: Engine, *, since: float, limit: int = 1000) -> list[dict[str, Any]]:
     with engine.connect() as conn:
-        rows = conn.execute(select(SecurityEvent).where(SecurityEvent.ts >= since)
-                            .order_by(SecurityEvent.ts.desc(), SecurityEvent.id.desc()).limit(limit)).all()
-        return [{"ts": r.ts, "event": r.event, "account": r.account, "outcome": r.outcome, "method": r.method,
-                 "client": r.client, "actor": r.actor} for r in rows]
+        rows = conn.execute(
+            select(SecurityEvent)
+            .where(SecurityEvent.ts >= since)
+            .order_by(SecurityEvent.ts.desc(), SecurityEvent.id.desc())
+            .limit(limit)
+        ).all()
+        return [
+            {
+                "ts": r.ts,
+                "event": r.event,
+                "account": r.account,
+                "outcome": r.outcome,
+                "method": r.method,
+                "client": r.client,
+                "actor": r.actor,
+            }
+            for r in rows
+        ]
 
 
 # ------------------------------------------------------------------------------------- accounts
 def list_accounts(engine: Engine, now: float | None = None) -> list[dict[str, Any]]:
     now = time.time() if now is None else now
-    live = (select(AccountSession.account_id, func.count().label("n")).where(AccountSession.expires_ts > now)
-            .group_by(AccountSession.account_id).subquery())
+    live = (
+        select(AccountSession.account_id, func.count().label("n"))
+        .where(AccountSession.expires_ts > now)
+        .group_by(AccountSession.account_id)
+        .subquery()
+    )
     with engine.connect() as conn:
-        rows = conn.execute(select(Account.name, Account.role, Account.created_ts, Account.created_by,
-                                   Account.last_sign_in_ts, func.coalesce(live.c.n, 0))
-                            .outerjoin(live, live.c.account_id == Account.id).order_by(Account.name)).all()
-    return [{"name": r[0], "role": r[1], "created_ts": r[2], "created_by": r[3], "last_sign_in_ts": r[4],
-             "sessions": int(r[5])} for r in rows]
+        rows = conn.execute(
+            select(
+                Account.name,
+                Account.role,
+                Account.created_ts,
+                Account.created_by,
+                Account.last_sign_in_ts,
+                func.coalesce(live.c.n, 0),
+            )
+            .outerjoin(live, live.c.account_id == Account.id)
+            .order_by(Account.name)
+        ).all()
+    return [
+        {
+            "name": r[0],
+            "role": r[1],
+            "created_ts": r[2],
+            "created_by": r[3],
+            "last_sign_in_ts": r[4],
+            "sessions": int(r[5]),
+        }
+        for r in rows
+    ]
 
 
-def add_account(engine: Engine, name: str, role: str, password: str, *, actor: str | None, method: str,
-                client: str | None = None, now: float | None = None) -> Identity:
+def add_account(
+    engine: Engine,
+    name: str,
+    role: str,
+    password: str,
+    *,
+    actor: str | None,
+    method: str,
+    client: str | None = None,
+    now: float | None = None,
+) -> Identity:
     """Create an account; AccountError when the name, role or password is unusable or the name is taken."""
     now = time.time() if now is None else now
     name, role = normalize_name(name), check_role(role)
@@ -121,16 +183,37 @@ def add_account(engine: Engine, name: str, role: str, password: str, *, actor: s
     with engine.begin() as conn:
         if conn.execute(select(Account.id).where(Account.name == name)).first() is not None:
             raise AccountError(f"account {name!r} already exists (remove it first, or change its role)")
-        conn.execute(insert(Account).values(name=name, role=role, password_hash=hashed, created_ts=now,
-                                            created_by=actor, password_changed_ts=now, last_sign_in_ts=None))
-    log_event(engine, event="account.add", account=name, outcome="ok", method=method, client=client, actor=actor,
-              detail={"role": role}, now=now)
+        conn.execute(
+            insert(Account).values(
+                name=name,
+                role=role,
+                password_hash=hashed,
+                created_ts=now,
+                created_by=actor,
+                password_changed_ts=now,
+                last_sign_in_ts=None,
+            )
+        )
+    log_event(
+        engine,
+        event="account.add",
+        account=name,
+        outcome="ok",
+        method=method,
+        client=client,
+        actor=actor,
+        detail={"role": role},
+        now=now,
+    )
     return Identity(name, role)
 
 
 def _admins_left_without(conn: Any, name: str) -> int:
-    return int(conn.execute(select(func.count()).select_from(Account)
-                            .where(Account.role == "admin", Account.name != name)).scalar_one())
+    return int(
+        conn.execute(
+            select(func.count()).select_from(Account).where(Account.role == "admin", Account.name != name)
+        ).scalar_one()
+    )
 
 
 def _existing(conn: Any, name: str) -> Any:
@@ -140,8 +223,15 @@ def _existing(conn: Any, name: str) -> Any:
     return row
 
 
-def remove_account(engine: Engine, name: str, *, actor: str | None, method: str, client: str | None = None,
-                   now: float | None = None) -> None:
+def remove_account(
+    engine: Engine,
+    name: str,
+    *,
+    actor: str | None,
+    method: str,
+    client: str | None = None,
+    now: float | None = None,
+) -> None:
     """Delete an account and end its sessions; refuses to remove the last admin."""
     name = normalize_name(name)
     with engine.begin() as conn:
@@ -150,58 +240,128 @@ def remove_account(engine: Engine, name: str, *, actor: str | None, method: str,
             raise AccountError(f"{name!r} is the last admin: add another admin before removing it")
         conn.execute(delete(AccountSession).where(AccountSession.account_id == account.id))
         conn.execute(delete(Account).where(Account.id == account.id))
-    log_event(engine, event="account.remove", account=name, outcome="ok", method=method, client=client,
-              actor=actor, now=now)
+    log_event(
+        engine,
+        event="account.remove",
+        account=name,
+        outcome="ok",
+        method=method,
+        client=client,
+        actor=actor,
+        now=now,
+    )
 
 
-def set_role(engine: Engine, name: str, role: str, *, actor: str | None, method: str, client: str | None = None,
-             now: float | None = None) -> None:
+def set_role(
+    engine: Engine,
+    name: str,
+    role: str,
+    *,
+    actor: str | None,
+    method: str,
+    client: str | None = None,
+    now: float | None = None,
+) -> None:
     name, role = normalize_name(name), check_role(role)
     with engine.begin() as conn:
         account = _existing(conn, name)
         if account.role == "admin" and role != "admin" and _admins_left_without(conn, name) == 0:
             raise AccountError(f"{name!r} is the last admin: add another admin before changing its role")
         conn.execute(update(Account).where(Account.id == account.id).values(role=role))
-    log_event(engine, event="account.role", account=name, outcome="ok", method=method, client=client, actor=actor,
-              detail={"from": account.role, "to": role}, now=now)
+    log_event(
+        engine,
+        event="account.role",
+        account=name,
+        outcome="ok",
+        method=method,
+        client=client,
+        actor=actor,
+        detail={"from": account.role, "to": role},
+        now=now,
+    )
 
 
-def set_password(engine: Engine, name: str, password: str, *, actor: str | None, method: str,
-                 client: str | None = None, now: float | None = None) -> None:
+def set_password(
+    engine: Engine,
+    name: str,
+    password: str,
+    *,
+    actor: str | None,
+    method: str,
+    client: str | None = None,
+    now: float | None = None,
+) -> None:
     """Replace an account's password and end its sessions (everyone signs in again with the new one)."""
     now = time.time() if now is None else now
     name, hashed = normalize_name(name), hash_password(password)
     with engine.begin() as conn:
         account = _existing(conn, name)
-        conn.execute(update(Account).where(Account.id == account.id)
-                     .values(password_hash=hashed, password_changed_ts=now))
+        conn.execute(
+            update(Account)
+            .where(Account.id == account.id)
+            .values(password_hash=hashed, password_changed_ts=now)
+        )
         conn.execute(delete(AccountSession).where(AccountSession.account_id == account.id))
-    log_event(engine, event="account.password", account=name, outcome="ok", method=method, client=client,
-              actor=actor, now=now)
+    log_event(
+        engine,
+        event="account.password",
+        account=name,
+        outcome="ok",
+        method=method,
+        client=client,
+        actor=actor,
+        now=now,
+    )
 
 
 # -------------------------------------------------------------------------------------- sign-in
 def _failures(conn: Any, column: Any, value: str, since: float) -> list[float]:
-    return list(conn.execute(select(SecurityEvent.ts).where(
-        SecurityEvent.event == "sign-in", SecurityEvent.outcome.in_(FAILED_OUTCOMES), column == value,
-        SecurityEvent.ts > since)).scalars())
+    return list(
+        conn.execute(
+            select(SecurityEvent.ts).where(
+                SecurityEvent.event == "sign-in",
+                SecurityEvent.outcome.in_(FAILED_OUTCOMES),
+                column == value,
+                SecurityEvent.ts > since,
+            )
+        ).scalars()
+    )
 
 
-def lockout(engine: Engine, name: str, client: str | None, now: float,
-            policy: SignInPolicy = DEFAULT_POLICY) -> float:
+def lockout(
+    engine: Engine, name: str, client: str | None, now: float, policy: SignInPolicy = DEFAULT_POLICY
+) -> float:
     """Seconds before `name` (or anyone from `client`) may try again; 0.0 when allowed now."""
     since = now - policy.window_s
     with engine.connect() as conn:
-        wait = lockout_remaining(_failures(conn, SecurityEvent.account, name, since), now,
-                                 policy.max_failures_per_name, policy.window_s)
+        wait = lockout_remaining(
+            _failures(conn, SecurityEvent.account, name, since),
+            now,
+            policy.max_failures_per_name,
+            policy.window_s,
+        )
         if client:
-            wait = max(wait, lockout_remaining(_failures(conn, SecurityEvent.client, client, since), now,
-                                               policy.max_failures_per_client, policy.window_s))
+            wait = max(
+                wait,
+                lockout_remaining(
+                    _failures(conn, SecurityEvent.client, client, since),
+                    now,
+                    policy.max_failures_per_client,
+                    policy.window_s,
+                ),
+            )
     return wait
 
 
-def sign_in(engine: Engine, name: str, password: str, *, client: str | None = None, now: float | None = None,
-            policy: SignInPolicy = DEFAULT_POLICY) -> SignInResult:
+def sign_in(
+    engine: Engine,
+    name: str,
+    password: str,
+    *,
+    client: str | None = None,
+    now: float | None = None,
+    policy: SignInPolicy = DEFAULT_POLICY,
+) -> SignInResult:
     """Check a name and password; on success create a session. Every attempt goes to the security log."""
     now = time.time() if now is None else now
     typed = name.strip().lower()[:64]
@@ -211,7 +371,9 @@ def sign_in(engine: Engine, name: str, password: str, *, client: str | None = No
         key = typed
     wait = lockout(engine, key, client, now, policy)
     if wait > 0:
-        log_event(engine, event="sign-in", account=key, outcome="locked", method="password", client=client, now=now)
+        log_event(
+            engine, event="sign-in", account=key, outcome="locked", method="password", client=client, now=now
+        )
         return SignInResult(None, None, f"Too many failed sign-ins; try again in {wait:.0f} s.")
     with engine.connect() as conn:
         account = conn.execute(select(Account).where(Account.name == key)).first()
@@ -222,16 +384,24 @@ def sign_in(engine: Engine, name: str, password: str, *, client: str | None = No
         ok = False
     if not ok or account is None:
         outcome = "wrong password" if account is not None else "unknown account"
-        log_event(engine, event="sign-in", account=key, outcome=outcome, method="password", client=client, now=now)
+        log_event(
+            engine, event="sign-in", account=key, outcome=outcome, method="password", client=client, now=now
+        )
         logger.warning("sign-in failed for %r: %s", key, outcome)
         return SignInResult(None, None, "Wrong account name or password.")
     token = secrets.token_urlsafe(32)
     rehash = _hasher().check_needs_rehash(account.password_hash)
     with engine.begin() as conn:
         conn.execute(delete(AccountSession).where(AccountSession.expires_ts <= now))
-        conn.execute(insert(AccountSession).values(token_hash=token_digest(token), account_id=account.id,
-                                                   created_ts=now, expires_ts=now + policy.session_ttl_s,
-                                                   client=(client or "")[:200] or None))
+        conn.execute(
+            insert(AccountSession).values(
+                token_hash=token_digest(token),
+                account_id=account.id,
+                created_ts=now,
+                expires_ts=now + policy.session_ttl_s,
+                client=(client or "")[:200] or None,
+            )
+        )
         values: dict[str, Any] = {"last_sign_in_ts": now}
         if rehash:
             values["password_hash"] = _hasher().hash(password)
@@ -245,20 +415,30 @@ def session_identity(engine: Engine, token: str, now: float | None = None) -> Id
     """The account a session token belongs to, or None when it is unknown, expired or its account is gone."""
     now = time.time() if now is None else now
     with engine.connect() as conn:
-        row = conn.execute(select(Account.name, Account.role).join(AccountSession,
-                                                                  AccountSession.account_id == Account.id)
-                           .where(AccountSession.token_hash == token_digest(token),
-                                  AccountSession.expires_ts > now)).first()
+        row = conn.execute(
+            select(Account.name, Account.role)
+            .join(AccountSession, AccountSession.account_id == Account.id)
+            .where(AccountSession.token_hash == token_digest(token), AccountSession.expires_ts > now)
+        ).first()
     return Identity(row[0], row[1]) if row is not None else None
 
 
-def sign_out(engine: Engine, token: str, *, client: str | None = None, now: float | None = None) -> Identity | None:
+def sign_out(
+    engine: Engine, token: str, *, client: str | None = None, now: float | None = None
+) -> Identity | None:
     identity = session_identity(engine, token, now)
     with engine.begin() as conn:
         conn.execute(delete(AccountSession).where(AccountSession.token_hash == token_digest(token)))
     if identity is not None:
-        log_event(engine, event="sign-out", account=identity.name, outcome="ok", method="password", client=client,
-                  now=now)
+        log_event(
+            engine,
+            event="sign-out",
+            account=identity.name,
+            outcome="ok",
+            method="password",
+            client=client,
+            now=now,
+        )
     return identity
 
 

@@ -23,8 +23,12 @@ FIRST_REVISION = "0001"
 # For databases created without Alembic (tables present, no alembic_version): the newest
 # revision whose table (and column, when one is named) exists is the one they are at.
 REVISION_MARKERS: tuple[tuple[str, str, str | None], ...] = (
-    ("0005_turns", "turns", None), ("0004", "accounts", None), ("0003_epochs", "audit", "epoch"),
-    ("0002", "rollups_10m", None), ("0001", "targets", None))
+    ("0005_turns", "turns", None),
+    ("0004", "accounts", None),
+    ("0003_epochs", "audit", "epoch"),
+    ("0002", "rollups_10m", None),
+    ("0001", "targets", None),
+)
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -55,8 +59,12 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         inspector = inspect(conn)
         tables = set(inspector.get_table_names())
         if "targets" in tables and "alembic_version" not in tables:
-            revision_now = next(rev for rev, table, column in REVISION_MARKERS if table in tables and (
-                column is None or column in {c["name"] for c in inspector.get_columns(table)}))
+            revision_now = next(
+                rev
+                for rev, table, column in REVISION_MARKERS
+                if table in tables
+                and (column is None or column in {c["name"] for c in inspector.get_columns(table)})
+            )
             log.info("database has tables but no migration record: stamping revision %s", revision_now)
             command.stamp(config, revision_now)
         command.upgrade(config, revision)

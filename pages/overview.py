@@ -25,13 +25,26 @@ url = settings.database_url
 ATTENTION_SHOWN = 8
 FLEET_POINTS = 150  # per engine and chart: distributions need the shape, not every sample
 WORST_N = 3
-NUMBER_FORMATS = {"R_t": "%.2f", "R_r": "%.2f", "D": "%.2f", "demand / pool": "percent", "KV usage": "percent",
-                  "turns/s": "%.2f", "waiting at sidecar": "%d", "parked": "%d", "in system": "%d",
-                  "engine running": "%d", "engine waiting": "%d", "open alerts": "%d", "risk": "%.2f"}
+NUMBER_FORMATS = {
+    "R_t": "%.2f",
+    "R_r": "%.2f",
+    "D": "%.2f",
+    "demand / pool": "percent",
+    "KV usage": "percent",
+    "turns/s": "%.2f",
+    "waiting at sidecar": "%d",
+    "parked": "%d",
+    "in system": "%d",
+    "engine running": "%d",
+    "engine waiting": "%d",
+    "open alerts": "%d",
+    "risk": "%.2f",
+}
 
 window = time_control(settings, key="overview")
-name_filter = st.text_input("Filter engines by name or label", key="overview_filter",
-                            placeholder="e.g. engine-1 or cluster=eu")
+name_filter = st.text_input(
+    "Filter engines by name or label", key="overview_filter", placeholder="e.g. engine-1 or cluster=eu"
+)
 
 
 def fleet_state(now: float) -> list[dict]:
@@ -47,11 +60,18 @@ def fleet_state(now: float) -> list[dict]:
         for row in alerts[alerts["state"] == "firing"].itertuples():
             if pd.notna(row.target_id):
                 firing.setdefault(int(row.target_id), set()).add(row.rule)
-    rows = fleet.fleet_rows(engines, health=health, latest=latest, states=data.sidecar_states(url), firing=firing,
-                            now=now, stale_after=settings.stale_after_seconds,
-                            collectors_ok=collectors_alive(last_beat, now, settings.heartbeat_stale_seconds),
-                            collectors_age=None if last_beat is None else now - last_beat,
-                            admission_wait_s=admission_wait_limit())
+    rows = fleet.fleet_rows(
+        engines,
+        health=health,
+        latest=latest,
+        states=data.sidecar_states(url),
+        firing=firing,
+        now=now,
+        stale_after=settings.stale_after_seconds,
+        collectors_ok=collectors_alive(last_beat, now, settings.heartbeat_stale_seconds),
+        collectors_age=None if last_beat is None else now - last_beat,
+        admission_wait_s=admission_wait_limit(),
+    )
     risk.add_columns(rows, latest)
     return fleet.sort_rows(rows)
 
@@ -61,26 +81,55 @@ def render_table(rows: list[dict]) -> None:
     table["oldest wait"] = [_secs(v) for v in table["oldest wait"]]
     table["oldest parked"] = [_secs(v) for v in table["oldest parked"]]
     table.insert(0, "open", [f"engine?engine={quote(r['engine'])}" for r in rows])
-    styled = table.style.map(lambda v: f"background-color: {COLOR.get(v, '')}; font-weight: 600", subset=["state"])
+    styled = table.style.map(
+        lambda v: f"background-color: {COLOR.get(v, '')}; font-weight: 600", subset=["state"]
+    )
     old = {"DOWN", "STALE"}
-    styled = styled.apply(lambda row: ["color: #9e9e9e; font-style: italic" if row["state"] in old and col in
-                                       NUMBER_FORMATS else "" for col in row.index], axis=1)
-    styled = styled.format({name: ("{:.0%}" if fmt == "percent" else "{:.2f}" if fmt == "%.2f" else "{:.0f}")
-                            for name, fmt in NUMBER_FORMATS.items()}, na_rep="-")
+    styled = styled.apply(
+        lambda row: [
+            "color: #9e9e9e; font-style: italic" if row["state"] in old and col in NUMBER_FORMATS else ""
+            for col in row.index
+        ],
+        axis=1,
+    )
+    styled = styled.format(
+        {
+            name: ("{:.0%}" if fmt == "percent" else "{:.2f}" if fmt == "%.2f" else "{:.0f}")
+            for name, fmt in NUMBER_FORMATS.items()
+        },
+        na_rep="-",
+    )
     config = {name: st.column_config.NumberColumn(name, format=fmt) for name, fmt in NUMBER_FORMATS.items()}
-    config.update({
-        "open": st.column_config.LinkColumn("open", display_text="Engine page", width="small"),
-        "engine": st.column_config.TextColumn("engine", width="small"),
-        "state": st.column_config.TextColumn("state", width=110, help="precedence: " + " > ".join(STATES)),
-        "why": st.column_config.TextColumn("why", width="large", help="the cause and the next step"),
-        "R_t": st.column_config.NumberColumn("R_t", format="%.2f", help="token-weighted hit rate (sidecar)"),
-        "D": st.column_config.NumberColumn("D", format="%.2f", help="R_r - R_t, same /state snapshot as the state"),
-        "oldest wait": st.column_config.TextColumn("oldest wait", help="oldest session waiting at the sidecar"),
-        "risk": st.column_config.NumberColumn("risk", format="%.2f", help="collapse risk 0-1 (warns at 0.6), "
-                                              "docs/collapse-risk.md"),
-    })
-    st.dataframe(styled, key="fleet_table", hide_index=True, width="stretch", column_config=config,
-                 height=min(38 + 35 * len(table), 740))
+    config.update(
+        {
+            "open": st.column_config.LinkColumn("open", display_text="Engine page", width="small"),
+            "engine": st.column_config.TextColumn("engine", width="small"),
+            "state": st.column_config.TextColumn(
+                "state", width=110, help="precedence: " + " > ".join(STATES)
+            ),
+            "why": st.column_config.TextColumn("why", width="large", help="the cause and the next step"),
+            "R_t": st.column_config.NumberColumn(
+                "R_t", format="%.2f", help="token-weighted hit rate (sidecar)"
+            ),
+            "D": st.column_config.NumberColumn(
+                "D", format="%.2f", help="R_r - R_t, same /state snapshot as the state"
+            ),
+            "oldest wait": st.column_config.TextColumn(
+                "oldest wait", help="oldest session waiting at the sidecar"
+            ),
+            "risk": st.column_config.NumberColumn(
+                "risk", format="%.2f", help="collapse risk 0-1 (warns at 0.6), docs/collapse-risk.md"
+            ),
+        }
+    )
+    st.dataframe(
+        styled,
+        key="fleet_table",
+        hide_index=True,
+        width="stretch",
+        column_config=config,
+        height=min(38 + 35 * len(table), 740),
+    )
 
 
 def _secs(value: float | None) -> str:
@@ -98,8 +147,11 @@ def fleet_panel() -> None:
         st.error(str(exc))
         return
     if not rows:
-        st.info("No engines match the filter." if name_filter else
-                "No engines recorded yet: the collectors have not scraped any target.")
+        st.info(
+            "No engines match the filter."
+            if name_filter
+            else "No engines recorded yet: the collectors have not scraped any target."
+        )
         return
     counts = fleet.state_counts(rows)
     cols = st.columns(len(STATES))
@@ -111,15 +163,19 @@ def fleet_panel() -> None:
         for r in attention[:ATTENTION_SHOWN]:
             line = st.columns([2, 2, 12])
             line[0].markdown(f"**{r['state']}**")
-            line[1].page_link("pages/engine.py", label=escape_md(r["engine"]), query_params={"engine": r["engine"]})
+            line[1].page_link(
+                "pages/engine.py", label=escape_md(r["engine"]), query_params={"engine": r["engine"]}
+            )
             line[2].markdown(escape_md(r["why"]))
         if len(attention) > ATTENTION_SHOWN:
             st.caption(f"... and {len(attention) - ATTENTION_SHOWN} more in the table below.")
             with st.expander(f"All {len(attention)} needing attention, with the cause and next step in full"):
                 st.text("\n".join(f"{r['state']:<11} {r['engine']}: {r['why']}" for r in attention))
-    st.caption(f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
-               f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
-               "stale engine are its last known values (grey).")
+    st.caption(
+        f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
+        f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
+        "stale engine are its last known values (grey)."
+    )
     render_table(rows)
 
 
@@ -130,17 +186,34 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
     start, end = window_now.start, window_now.end
     sidecars = {e.sidecar_target_id: e for e in engines if e.sidecar_target_id is not None}
     eng_ids = {e.engine_target_id: e for e in engines if e.engine_target_id is not None}
-    side = data.series(url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting"),
-                       start, end, FLEET_POINTS)
+    side = data.series(
+        url,
+        tuple(sorted(sidecars)),
+        ("token_weighted", "divergence", "demand_fraction", "waiting"),
+        start,
+        end,
+        FLEET_POINTS,
+    )
     eng = q.combine_ranks(data.series(url, tuple(sorted(eng_ids)), ("kv_usage",), start, end, FLEET_POINTS))
     health = data.health(url)
-    frozen = {e.sidecar_target_id: health[e.engine_target_id].last_success_ts or 0.0 for e in sidecars.values()
-              if e.engine_target_id in health and not health[e.engine_target_id].up}
+    frozen = {
+        e.sidecar_target_id: health[e.engine_target_id].last_success_ts or 0.0
+        for e in sidecars.values()
+        if e.engine_target_id in health and not health[e.engine_target_id].up
+    }
     side = fc.drop_frozen(side, frozen)
-    latest = data.latest(url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting"))
+    latest = data.latest(
+        url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting")
+    )
     step = q.step_for_span(end - start)
-    common = dict(start=start, end=end, now=now, stale_after=settings.stale_after_seconds,
-                  max_gap=max(10.0, 3 * max(step, (end - start) / FLEET_POINTS)), marker_ts=window_now.at)
+    common = dict(
+        start=start,
+        end=end,
+        now=now,
+        stale_after=settings.stale_after_seconds,
+        max_gap=max(10.0, 3 * max(step, (end - start) / FLEET_POINTS)),
+        marker_ts=window_now.at,
+    )
 
     def worst(signal: str, highest: bool) -> list[tuple[int, str]]:
         known = [(tid, latest.value(tid, signal)) for tid in sidecars if tid not in frozen]
@@ -148,38 +221,103 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
         known.sort(key=lambda x: -x[1] if highest else x[1])
         return [(tid, sidecars[tid].key) for tid, _v in known[:WORST_N]]
 
-    st.plotly_chart(fc.distribution_figure(side, "token_weighted", worst("token_weighted", False),
-                                           title="R_t across engines: p10-p90, median, the 3 lowest (UTC)",
-                                           y_title="R_t", y_range=(0, 1.05), **common),
-                    key="overview_hit_rates", width="stretch")
+    st.plotly_chart(
+        fc.distribution_figure(
+            side,
+            "token_weighted",
+            worst("token_weighted", False),
+            title="R_t across engines: p10-p90, median, the 3 lowest (UTC)",
+            y_title="R_t",
+            y_range=(0, 1.05),
+            **common,
+        ),
+        key="overview_hit_rates",
+        width="stretch",
+    )
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(fc.distribution_figure(side, "divergence", worst("divergence", True),
-                                               title="D = R_r - R_t: distribution, the 3 highest (UTC)", y_title="D",
-                                               y_range=(-0.1, 1.0), threshold=settings.divergence_threshold,
-                                               **common), key="overview_divergence", width="stretch")
-        st.plotly_chart(fc.distribution_figure(side, "waiting", worst("waiting", True),
-                                               title="Sessions waiting at the sidecar: distribution, the 3 most "
-                                                     "(UTC)", y_title="sessions", tickformat="d", **common),
-                        key="overview_waiting", width="stretch")
+        st.plotly_chart(
+            fc.distribution_figure(
+                side,
+                "divergence",
+                worst("divergence", True),
+                title="D = R_r - R_t: distribution, the 3 highest (UTC)",
+                y_title="D",
+                y_range=(-0.1, 1.0),
+                threshold=settings.divergence_threshold,
+                **common,
+            ),
+            key="overview_divergence",
+            width="stretch",
+        )
+        st.plotly_chart(
+            fc.distribution_figure(
+                side,
+                "waiting",
+                worst("waiting", True),
+                title="Sessions waiting at the sidecar: distribution, the 3 most (UTC)",
+                y_title="sessions",
+                tickformat="d",
+                **common,
+            ),
+            key="overview_waiting",
+            width="stretch",
+        )
     with right:
         demand = side[side["signal"] == "demand_fraction"]["value"]
         peak = float(demand.max()) if len(demand) else 0.0
-        st.plotly_chart(fc.distribution_figure(side, "demand_fraction", worst("demand_fraction", True),
-                                               title="KV demand / pool: distribution, the 3 highest (UTC)",
-                                               y_title="fraction of pool", y_range=(0, max(1.2, 1.05 * peak)),
-                                               threshold=1.0, threshold_label="KV pool", tickformat=".0%", **common),
-                        key="overview_demand", width="stretch")
+        st.plotly_chart(
+            fc.distribution_figure(
+                side,
+                "demand_fraction",
+                worst("demand_fraction", True),
+                title="KV demand / pool: distribution, the 3 highest (UTC)",
+                y_title="fraction of pool",
+                y_range=(0, max(1.2, 1.05 * peak)),
+                threshold=1.0,
+                threshold_label="KV pool",
+                tickformat=".0%",
+                **common,
+            ),
+            key="overview_demand",
+            width="stretch",
+        )
         kv_latest = data.latest(url, tuple(sorted(eng_ids)), ("kv_usage",))
-        kv_known = sorted(((max(v for v in (kv_latest.value(tid, "kv_usage", lab) for lab in kv_latest.labels(tid))
-                                if v is not None), tid) for tid in eng_ids if kv_latest.labels(tid)), reverse=True)
+        kv_known = sorted(
+            (
+                (
+                    max(
+                        v
+                        for v in (kv_latest.value(tid, "kv_usage", lab) for lab in kv_latest.labels(tid))
+                        if v is not None
+                    ),
+                    tid,
+                )
+                for tid in eng_ids
+                if kv_latest.labels(tid)
+            ),
+            reverse=True,
+        )
         kv_worst = [(tid, eng_ids[tid].key) for _v, tid in kv_known[:WORST_N]]
-        st.plotly_chart(fc.distribution_figure(eng, "kv_usage", kv_worst,
-                                               title="Engine KV usage gauge: distribution, the 3 highest (UTC; "
-                                                     "excludes idle cached prefixes)", y_title="fraction", y_range=(0, 1.05),
-                                               tickformat=".0%", **common), key="overview_kv", width="stretch")
-    st.caption("Lines for each engine are on its Engine page. Points a sidecar reported after its engine stopped "
-               "answering are left out (they are frozen, not current).")
+        st.plotly_chart(
+            fc.distribution_figure(
+                eng,
+                "kv_usage",
+                kv_worst,
+                title="Engine KV usage gauge: distribution, the 3 highest (UTC; "
+                "excludes idle cached prefixes)",
+                y_title="fraction",
+                y_range=(0, 1.05),
+                tickformat=".0%",
+                **common,
+            ),
+            key="overview_kv",
+            width="stretch",
+        )
+    st.caption(
+        "Lines for each engine are on its Engine page. Points a sidecar reported after its engine stopped "
+        "answering are left out (they are frozen, not current)."
+    )
 
 
 @st.fragment(run_every=settings.refresh_seconds if window.live else None)

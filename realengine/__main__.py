@@ -20,14 +20,21 @@ from realengine import env
 
 
 def _spec(args: argparse.Namespace) -> env.ModelSpec:
-    overrides = {k: v for k, v in vars(args).items() if k in env.ModelSpec.__dataclass_fields__ and v is not None}
+    overrides = {
+        k: v for k, v in vars(args).items() if k in env.ModelSpec.__dataclass_fields__ and v is not None
+    }
     return env.ModelSpec(**overrides)
 
 
 def _add_spec_args(p: argparse.ArgumentParser) -> None:
     for name in env.ModelSpec.__dataclass_fields__:
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, default=None,
-                       help=f"model spec: {name} (default {getattr(env.ModelSpec(), name)})")
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=int,
+            default=None,
+            help=f"model spec: {name} (default {getattr(env.ModelSpec(), name)})",
+        )
 
 
 def build(args: argparse.Namespace) -> int:
@@ -41,17 +48,24 @@ def build(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(where, indent=1))
     else:
-        print(f"engine environment: {where['venv']}\n"
-              f"model directory:    {where['model']}\n"
-              f"pins:               {where['lock']}\n"
-              f"(PREFIXOPS_ENGINE_HOME={where['home']}; built in {where['total_s']} s)")
+        print(
+            f"engine environment: {where['venv']}\n"
+            f"model directory:    {where['model']}\n"
+            f"pins:               {where['lock']}\n"
+            f"(PREFIXOPS_ENGINE_HOME={where['home']}; built in {where['total_s']} s)"
+        )
     return 0
 
 
 def where(args: argparse.Namespace) -> int:
     spec = _spec(args)
-    info = {"home": str(env.engine_home()), "venv": str(env.venv_dir()), "model": str(env.model_dir(spec)),
-            "env_ready": env.env_ready(), "model_ready": env.model_ready(spec)}
+    info = {
+        "home": str(env.engine_home()),
+        "venv": str(env.venv_dir()),
+        "model": str(env.model_dir(spec)),
+        "env_ready": env.env_ready(),
+        "model_ready": env.model_ready(spec),
+    }
     print(json.dumps(info, indent=1))
     return 0 if info["env_ready"] and info["model_ready"] else 1
 
@@ -61,11 +75,20 @@ def serve(args: argparse.Namespace) -> int:
 
     spec = _spec(args)
     if not env.ready(spec):
-        print("error: the engine environment or model is missing; run `make engine` first "
-              f"(looked in {env.engine_home()})", file=sys.stderr)
+        print(
+            "error: the engine environment or model is missing; run `make engine` first "
+            f"(looked in {env.engine_home()})",
+            file=sys.stderr,
+        )
         return 1
-    settings = EngineSettings(port=args.port, host=args.host, pool_tokens=args.pool_tokens,
-                              max_model_len=args.max_model_len, threads=args.threads, spec=spec)
+    settings = EngineSettings(
+        port=args.port,
+        host=args.host,
+        pool_tokens=args.pool_tokens,
+        max_model_len=args.max_model_len,
+        threads=args.threads,
+        spec=spec,
+    )
     cmd, extra_env = engine_command(settings)
     os.execvpe(cmd[0], cmd, {**os.environ, **extra_env})
     return 0  # not reached

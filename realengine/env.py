@@ -131,8 +131,10 @@ def _run(step: str, cmd: list[str], log: Path, env: dict[str, str] | None = None
         rc = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     if rc != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise EngineEnvError(f"engine environment: step {step!r} failed with exit code {rc} "
-                             f"(command: {' '.join(cmd)}; full log: {log}):\n{tail}")
+        raise EngineEnvError(
+            f"engine environment: step {step!r} failed with exit code {rc} "
+            f"(command: {' '.join(cmd)}; full log: {log}):\n{tail}"
+        )
 
 
 def _python_for_venv() -> str:
@@ -143,12 +145,17 @@ def _python_for_venv() -> str:
     for name in ("python3.11", "python3"):
         found = shutil.which(name)
         if found:
-            out = subprocess.run([found, "-c", "import sys; print(sys.version_info[:2] == (3, 11))"],
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                [found, "-c", "import sys; print(sys.version_info[:2] == (3, 11))"],
+                capture_output=True,
+                text=True,
+            )
             if out.stdout.strip() == "True":
                 return found
-    raise EngineEnvError(f"the engine environment needs Python 3.11 (the wheels in {LOCK_FILE.name} are "
-                         f"cp311); none found on the PATH (this is {sys.version.split()[0]})")
+    raise EngineEnvError(
+        f"the engine environment needs Python 3.11 (the wheels in {LOCK_FILE.name} are "
+        f"cp311); none found on the PATH (this is {sys.version.split()[0]})"
+    )
 
 
 def build_env(log: Path) -> None:
@@ -158,13 +165,27 @@ def build_env(log: Path) -> None:
         shutil.rmtree(venv)  # incomplete: no marker
     _run("create venv", [_python_for_venv(), "-m", "venv", str(venv)], log)
     py = str(venv_python())
-    _run("pip install --no-deps -r requirements.lock",
-         [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q", "-r", str(LOCK_FILE)], log)
-    _run("uninstall torchvision/torchaudio/torchcodec",
-         [py, "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_THIS_TORCH], log)
-    _run("import check", [py, "-c", "import vllm, transformers, tokenizers, torch; "
-                                    "from transformers import AutoTokenizer, LlamaForCausalLM; "
-                                    "print('vllm', vllm.__version__, 'torch', torch.__version__)"], log)
+    _run(
+        "pip install --no-deps -r requirements.lock",
+        [py, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q", "-r", str(LOCK_FILE)],
+        log,
+    )
+    _run(
+        "uninstall torchvision/torchaudio/torchcodec",
+        [py, "-m", "pip", "uninstall", "-y", "-q", *BROKEN_WITH_THIS_TORCH],
+        log,
+    )
+    _run(
+        "import check",
+        [
+            py,
+            "-c",
+            "import vllm, transformers, tokenizers, torch; "
+            "from transformers import AutoTokenizer, LlamaForCausalLM; "
+            "print('vllm', vllm.__version__, 'torch', torch.__version__)",
+        ],
+        log,
+    )
     (venv / INSTALLED_MARKER).write_text(lock_hash() + "\n")
 
 
@@ -175,9 +196,21 @@ def build_model(spec: ModelSpec, log: Path) -> None:
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    _run("build the tiny model", [str(venv_python()), str(MODEL_SCRIPT), "--out", str(tmp),
-                                  "--spec", json.dumps(asdict(spec)), "--words", " ".join(FILLER_WORDS)],
-         log, env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    _run(
+        "build the tiny model",
+        [
+            str(venv_python()),
+            str(MODEL_SCRIPT),
+            "--out",
+            str(tmp),
+            "--spec",
+            json.dumps(asdict(spec)),
+            "--words",
+            " ".join(FILLER_WORDS),
+        ],
+        log,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )
     tmp.rename(out)
 
 
@@ -199,6 +232,13 @@ def ensure(spec: ModelSpec | None = None, *, quiet: bool = False) -> dict[str, o
             t0 = time.monotonic()
             build_model(spec, log)
             timings["model_s"] = round(time.monotonic() - t0, 1)
-    return {"home": str(engine_home()), "venv": str(venv_dir()), "python": str(venv_python()),
-            "vllm": str(vllm_binary()), "model": str(model_dir(spec)), "lock": str(LOCK_FILE),
-            "spec": asdict(spec), **timings}
+    return {
+        "home": str(engine_home()),
+        "venv": str(venv_dir()),
+        "python": str(venv_python()),
+        "vllm": str(vllm_binary()),
+        "model": str(model_dir(spec)),
+        "lock": str(LOCK_FILE),
+        "spec": asdict(spec),
+        **timings,
+    }

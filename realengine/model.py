@@ -43,8 +43,16 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
-SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>",
-                  "<|tool|>"]
+SPECIAL_TOKENS = [
+    "<|pad|>",
+    "<|bos|>",
+    "<|eos|>",
+    "<|end|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|tool|>",
+]
 
 
 def local_corpus(words: list[str]) -> list[str]:
@@ -72,11 +80,17 @@ def build_tokenizer(out: Path, vocab_size: int, words: list[str]) -> object:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(local_corpus(words), trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
-                                   pad_token="<|pad|>", unk_token=None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>", unk_token=None
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = 1 << 20
     fast.save_pretrained(str(out))
@@ -90,18 +104,30 @@ def build_model(out: Path, spec: dict[str, int], tokenizer: object) -> None:
     torch.manual_seed(spec["seed"])
     vocab = len(tokenizer)  # type: ignore[arg-type]
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=spec["hidden"], intermediate_size=spec["intermediate"],
-        num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"],
-        num_key_value_heads=spec["kv_heads"], head_dim=spec["hidden"] // spec["heads"],
-        max_position_embeddings=spec["max_positions"], tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
-        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32",  # type: ignore[attr-defined]
+        vocab_size=vocab,
+        hidden_size=spec["hidden"],
+        intermediate_size=spec["intermediate"],
+        num_hidden_layers=spec["layers"],
+        num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"],
+        head_dim=spec["hidden"] // spec["heads"],
+        max_position_embeddings=spec["max_positions"],
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,  # type: ignore[attr-defined]
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",  # type: ignore[attr-defined]
     )
     model = LlamaForCausalLM(config)
     model.eval()
     model.save_pretrained(str(out), safe_serialization=True)
-    gen = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
-           "pad_token_id": config.pad_token_id, "do_sample": True, "temperature": 1.0}
+    gen = {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_id,
+        "pad_token_id": config.pad_token_id,
+        "do_sample": True,
+        "temperature": 1.0,
+    }
     (out / "generation_config.json").write_text(json.dumps(gen, indent=1) + "\n")
 
 

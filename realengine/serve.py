@@ -44,13 +44,19 @@ class EngineSettings:
 
     def __post_init__(self) -> None:
         if self.pool_tokens < BLOCK_SIZE * 4:
-            raise ValueError(f"pool_tokens must hold at least 4 blocks of {BLOCK_SIZE}, got {self.pool_tokens}")
+            raise ValueError(
+                f"pool_tokens must hold at least 4 blocks of {BLOCK_SIZE}, got {self.pool_tokens}"
+            )
         if self.max_model_len > self.pool_tokens:
-            raise ValueError(f"max_model_len ({self.max_model_len}) must not exceed the pool "
-                             f"({self.pool_tokens} tokens): vLLM refuses to start otherwise")
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) must not exceed the pool "
+                f"({self.pool_tokens} tokens): vLLM refuses to start otherwise"
+            )
         if self.max_model_len > self.spec.max_positions:
-            raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's positions "
-                             f"({self.spec.max_positions})")
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the model's positions "
+                f"({self.spec.max_positions})"
+            )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
@@ -65,17 +71,42 @@ class EngineSettings:
 
 def engine_command(settings: EngineSettings) -> tuple[list[str], dict[str, str]]:
     """The command and the environment additions that start the engine (see the module doc)."""
-    cmd = [str(env.venv_python()), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(env.model_dir(settings.spec)), "--served-model-name", SERVED_MODEL_NAME,
-           "--host", settings.host, "--port", str(settings.port),
-           "--enable-prompt-tokens-details",
-           "--num-gpu-blocks-override", str(settings.num_blocks),
-           "--max-model-len", str(settings.max_model_len),
-           "--max-num-seqs", str(settings.max_num_seqs),
-           "--max-num-batched-tokens", str(settings.max_num_batched_tokens),
-           "--dtype", "float32", "--enforce-eager", "--disable-uvicorn-access-log"]
-    extra = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-             "OMP_NUM_THREADS": str(settings.threads), "MKL_NUM_THREADS": str(settings.threads),
-             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-             "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        str(env.venv_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(env.model_dir(settings.spec)),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--enable-prompt-tokens-details",
+        "--num-gpu-blocks-override",
+        str(settings.num_blocks),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(settings.max_num_batched_tokens),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--disable-uvicorn-access-log",
+    ]
+    extra = {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(settings.threads),
+        "MKL_NUM_THREADS": str(settings.threads),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
     return cmd, extra

@@ -45,8 +45,14 @@ SUBCOMMANDS = re.compile(r"\{([a-z0-9_,-]+)\} \.\.\.")
 def help_text(args: list[str]) -> str:
     env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
     env.pop("FORCE_COLOR", None)
-    done = subprocess.run([sys.executable, "-m", *args, "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", *args, "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0:
         raise SystemExit(f"`python -m {' '.join(args)} --help` failed ({done.returncode}):\n{done.stderr}")
     # argparse prints the program name it was started as; make it the documented one.
@@ -85,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = PAGE.read_text() if PAGE.exists() else ""
         if current != page:
-            sys.stdout.writelines(difflib.unified_diff(current.splitlines(True), page.splitlines(True),
-                                                       "docs/cli.md", "generated"))
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    current.splitlines(True), page.splitlines(True), "docs/cli.md", "generated"
+                )
+            )
             print("\ndocs/cli.md is stale: run `python scripts/gen_cli_docs.py`", file=sys.stderr)
             return 1
         return 0

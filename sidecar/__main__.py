@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SettingsError, ValueError) as exc:
         print(f"sidecar: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     raise_fd_limit()
     from .app import create_app
@@ -49,8 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # e.g. an unreadable state db path: one line, no traceback
         print(f"sidecar: cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    log.info("sidecar for %s on http://%s:%d (state db %s)", settings.engine, settings.host, settings.port,
-             settings.state_db)
+    log.info(
+        "sidecar for %s on http://%s:%d (state db %s)",
+        settings.engine,
+        settings.host,
+        settings.port,
+        settings.state_db,
+    )
     serve(app, settings, protocol)
     return 0
 

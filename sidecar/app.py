@@ -28,9 +28,14 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, *, store: Store | None = None,
-               transport: httpx.AsyncBaseTransport | None = None,
-               clock: Callable[[], float] = time.time, body_deadline: bool = True) -> FastAPI:
+def create_app(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    clock: Callable[[], float] = time.time,
+    body_deadline: bool = True,
+) -> FastAPI:
     """The sidecar app. ``store`` defaults to the SQLite db at ``settings.state_db``; ``transport`` and
     ``clock`` are test seams. ``body_deadline=False`` when the server already bounds request reads
     (sidecar.server's protocol): proxied bodies then cost no timer per read."""
@@ -89,9 +94,14 @@ def create_app(settings: Settings, *, store: Store | None = None,
     )
     app.state.control = cp
     app.state.sidecar = sc
-    app.add_middleware(Guard, max_bytes=settings.max_body_bytes, control_bytes=settings.control_body_bytes,
-                       allowed_hosts=settings.hosts(), read_timeout_s=settings.read_timeout_s,
-                       proxied_deadline=body_deadline)
+    app.add_middleware(
+        Guard,
+        max_bytes=settings.max_body_bytes,
+        control_bytes=settings.control_body_bytes,
+        allowed_hosts=settings.hosts(),
+        read_timeout_s=settings.read_timeout_s,
+        proxied_deadline=body_deadline,
+    )
     errors.install(app)
 
     async def refused(request: Request, exc: Exception) -> JSONResponse:

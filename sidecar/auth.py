@@ -34,14 +34,23 @@ def token_matches(token: str | None, expected: str | None) -> bool:
 def actor_of(request: Request, role: str) -> str:
     actor = request.headers.get("x-actor")
     if actor is not None and not ACTOR_RE.match(actor):
-        raise ApiError(400, "invalid_request", f"X-Actor must be 1-200 printable ASCII characters, got "
-                       f"{actor[:50]!r}", field="X-Actor", value=actor[:200])
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"X-Actor must be 1-200 printable ASCII characters, got {actor[:50]!r}",
+            field="X-Actor",
+            value=actor[:200],
+        )
     return actor or role
 
 
 def _unauthorized(what: str, token: str | None) -> ApiError:
-    return ApiError(401, "unauthorized", f"{what} token missing" if token is None else f"{what} token not accepted",
-                    headers={"WWW-Authenticate": "Bearer"})
+    return ApiError(
+        401,
+        "unauthorized",
+        f"{what} token missing" if token is None else f"{what} token not accepted",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 class Auth:
@@ -51,7 +60,9 @@ class Auth:
         self.settings = settings
 
     def is_operator(self, request: Request) -> bool:
-        return bool(self.settings.operator_token) and token_matches(bearer(request), self.settings.operator_token)
+        return bool(self.settings.operator_token) and token_matches(
+            bearer(request), self.settings.operator_token
+        )
 
     def operator(self, request: Request) -> tuple[str, str]:
         """(actor, role) of an operator request; 403 when read-only, 401 without the token."""
@@ -66,8 +77,10 @@ class Auth:
         if not self.settings.viewer_token:
             return
         token = bearer(request)
-        if not (token_matches(token, self.settings.viewer_token)
-                or token_matches(token, self.settings.operator_token)):
+        if not (
+            token_matches(token, self.settings.viewer_token)
+            or token_matches(token, self.settings.operator_token)
+        ):
             raise _unauthorized("viewer", token)
 
     def client(self, request: Request) -> None:
@@ -75,8 +88,10 @@ class Auth:
         if not self.settings.client_token:
             return
         token = bearer(request)
-        if not (token_matches(token, self.settings.client_token)
-                or token_matches(token, self.settings.operator_token)):
+        if not (
+            token_matches(token, self.settings.client_token)
+            or token_matches(token, self.settings.operator_token)
+        ):
             raise _unauthorized("client", token)
 
     def requester(self, request: Request) -> None:

@@ -32,6 +32,7 @@ class Refused(ValueError):
         super().__init__(message)
         self.status, self.kind, self.field = status, kind, field
 
+
 @dataclass
 class SessionExtra:
     """What the sidecar knows of a session beyond the budgeter's view."""
@@ -71,11 +72,14 @@ class ModelCounts:
 
     def doc(self) -> dict[str, Any]:
         return {
-            "turns_total": self.turns, "errors_total": self.errors,
-            "prompt_tokens_total": self.known_prompt_tokens, "cached_tokens_total": self.known_cached_tokens,
+            "turns_total": self.turns,
+            "errors_total": self.errors,
+            "prompt_tokens_total": self.known_prompt_tokens,
+            "cached_tokens_total": self.known_cached_tokens,
             "completion_tokens_total": self.completion_tokens,
             "token_weighted": (self.known_cached_tokens / self.known_prompt_tokens)
-            if self.known_prompt_tokens else None,
+            if self.known_prompt_tokens
+            else None,
             "mean_latency_s": (self.latency_s / self.turns) if self.turns else None,
         }
 
@@ -103,8 +107,15 @@ class Counters:
     usage_rejected: int = 0  # engine usage reports out of range (ignored)
     models: dict[str, ModelCounts] = field(default_factory=dict)
 
-    def model_turn(self, model: Any, prompt: int | None, cached: int | None, completion: int | None,
-                   latency_s: float, ok: bool) -> None:
+    def model_turn(
+        self,
+        model: Any,
+        prompt: int | None,
+        cached: int | None,
+        completion: int | None,
+        latency_s: float,
+        ok: bool,
+    ) -> None:
         """Count one finished turn under its request's ``model`` (bounded, see `MAX_MODELS`)."""
         name = model if isinstance(model, str) and model else "(none)"
         if name not in self.models and len(self.models) >= MAX_MODELS:
@@ -123,11 +134,8 @@ class Counters:
         self.requests[key] = self.requests.get(key, 0) + 1
 
 
-
 HELD_STATUS = {"ended": 409, "disconnected": 499, "timeout": 503}
 UNBOUNDED_TOKENS = 2**40  # the range check for engine usage while the pool size is unknown
-
-
 
 
 @dataclass
@@ -193,8 +201,14 @@ class Persistence:
     # ------------------------------------------------------------ restore
     def _default_config(self) -> BudgeterConfig:
         s = self.settings
-        return BudgeterConfig(mode=s.mode, low=s.low, high=s.high, session_cap=s.session_cap,
-                              latency_limit_s=s.latency_limit_s, default_output_budget=s.default_output_budget)
+        return BudgeterConfig(
+            mode=s.mode,
+            low=s.low,
+            high=s.high,
+            session_cap=s.session_cap,
+            latency_limit_s=s.latency_limit_s,
+            default_output_budget=s.default_output_budget,
+        )
 
     def _restore_budgeter(self) -> Budgeter:
         flags = self._default_config()
@@ -205,8 +219,9 @@ class Persistence:
         if not saved_config and not saved_sessions:
             return Budgeter(flags, pool_tokens=None)
         try:
-            budgeter = Budgeter.from_dict({"config": saved_config or flags.to_dict(), "pool_tokens": None,
-                                           "sessions": saved_sessions})
+            budgeter = Budgeter.from_dict(
+                {"config": saved_config or flags.to_dict(), "pool_tokens": None, "sessions": saved_sessions}
+            )
         except (ConfigError, TypeError, ValueError, KeyError) as exc:
             log.error("state db unreadable (%s); starting from command-line settings", exc)
             return Budgeter(flags, pool_tokens=None)
@@ -215,11 +230,26 @@ class Persistence:
         self.restored = True
         cfg = budgeter.config
         # Operator overrides (mode, bands) survive restarts; other settings follow the command line.
-        budgeter.set_config(flags.replace(mode=cfg.mode, low=cfg.low, high=cfg.high,
-                                          session_cap=cfg.session_cap, latency_limit_s=cfg.latency_limit_s))
+        budgeter.set_config(
+            flags.replace(
+                mode=cfg.mode,
+                low=cfg.low,
+                high=cfg.high,
+                session_cap=cfg.session_cap,
+                latency_limit_s=cfg.latency_limit_s,
+            )
+        )
         if (cfg.mode, cfg.low, cfg.high) != (flags.mode, flags.low, flags.high):
-            log.warning("restored operator settings mode=%s low=%s high=%s from the state db (command line says "
-                        "mode=%s low=%s high=%s)", cfg.mode, cfg.low, cfg.high, flags.mode, flags.low, flags.high)
+            log.warning(
+                "restored operator settings mode=%s low=%s high=%s from the state db (command line says "
+                "mode=%s low=%s high=%s)",
+                cfg.mode,
+                cfg.low,
+                cfg.high,
+                flags.mode,
+                flags.low,
+                flags.high,
+            )
         budgeter.set_pool(None)
         sessions = budgeter.sessions()
         for s in sessions:
@@ -233,8 +263,12 @@ class Persistence:
             return
         saved = self.store.get("compaction")
         if saved and saved.get("deferred_until") is not None:
-            self.deferral = Deferral(until=float(saved["deferred_until"]), reason=str(saved.get("reason", "")),
-                                     actor=str(saved.get("actor", "")), since=float(saved.get("since", 0.0)))
+            self.deferral = Deferral(
+                until=float(saved["deferred_until"]),
+                reason=str(saved.get("reason", "")),
+                actor=str(saved.get("actor", "")),
+                since=float(saved.get("since", 0.0)),
+            )
 
     # -------------------------------------------------------- persistence
     def persist(self, force: bool = False) -> None:
@@ -276,7 +310,9 @@ class Persistence:
     def store_failed(self, exc: BaseException) -> None:
         message = f"state store {self.settings.state_db} cannot be written: {type(exc).__name__}: {exc}"
         if message != self.store_error:
-            log.error("%s; traffic keeps flowing, control changes are refused until it can be written", message)
+            log.error(
+                "%s; traffic keeps flowing, control changes are refused until it can be written", message
+            )
         self.store_error = message
         self._store_failed_at = self.clock()
 
@@ -318,15 +354,28 @@ class Persistence:
 
     @staticmethod
     def _session_key(s: Any) -> tuple[Any, ...]:
-        return (s.state, s.context_tokens, s.turns, s.manual, s.pinned, s.parked_since, s.admitted_at,
-                s.output_budget, s.last_activity, s.arrived_at)
+        return (
+            s.state,
+            s.context_tokens,
+            s.turns,
+            s.manual,
+            s.pinned,
+            s.parked_since,
+            s.admitted_at,
+            s.output_budget,
+            s.last_activity,
+            s.arrived_at,
+        )
 
     def _persist_deferral(self) -> None:
         if self.store is None:
             return
         d = self.deferral
-        value = None if d is None else {"deferred_until": d.until, "reason": d.reason, "actor": d.actor,
-                                        "since": d.since}
+        value = (
+            None
+            if d is None
+            else {"deferred_until": d.until, "reason": d.reason, "actor": d.actor, "since": d.since}
+        )
         try:
             self.store.put("compaction", value or {"deferred_until": None}, self.clock())
         except sqlite3.Error as exc:
@@ -356,13 +405,20 @@ class Persistence:
         """No session's demand above the high band or the engine's context length (budgets restored from
         before the clamp included)."""
         pool = self.budgeter.pool_tokens
-        limits = [n for n in (self.context_length,
-                              None if pool is None else int(self.budgeter.config.high * pool)) if n is not None]
+        limits = [
+            n
+            for n in (self.context_length, None if pool is None else int(self.budgeter.config.high * pool))
+            if n is not None
+        ]
         if limits:
             capped = self.budgeter.cap_demand(min(limits))
             if capped:
-                log.warning("output budgets of %d sessions lowered to fit under %d tokens: %s", len(capped),
-                            min(limits), ", ".join(repr(c) for c in capped[:5]))
+                log.warning(
+                    "output budgets of %d sessions lowered to fit under %d tokens: %s",
+                    len(capped),
+                    min(limits),
+                    ", ".join(repr(c) for c in capped[:5]),
+                )
 
     def set_context_length(self, tokens: int | None) -> None:
         if tokens is not None and tokens != self.context_length:

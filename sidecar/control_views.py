@@ -66,9 +66,13 @@ class Views:
 
     def budgeter_settings(self) -> dict[str, Any]:
         cfg = self.budgeter.config
-        return {"mode": cfg.mode, "low": cfg.low, "high": cfg.high, "session_cap": cfg.session_cap,
-                "latency_limit_s": cfg.latency_limit_s}
-
+        return {
+            "mode": cfg.mode,
+            "low": cfg.low,
+            "high": cfg.high,
+            "session_cap": cfg.session_cap,
+            "latency_limit_s": cfg.latency_limit_s,
+        }
 
     def compaction_state(self) -> dict[str, Any]:
         now = self.clock()
@@ -85,7 +89,6 @@ class Views:
             "warmth_floor": self.subtrees.warmth.floor,
             "warmth_window_s": self.subtrees.warmth.window_s,
         }
-
 
     def _session_doc(self, s: Any, extra: SessionExtra) -> dict[str, Any]:
         return {
@@ -119,16 +122,24 @@ class Views:
         return self._session_doc(s, self.extras.get(session_id) or SessionExtra())
 
     def sessions_doc(self, include_ended: bool = True, state: str | None = None) -> list[dict[str, Any]]:
-        out = [self._session_doc(s, self.extras.get(s.id) or SessionExtra()) for s in self.budgeter.sessions()]
+        out = [
+            self._session_doc(s, self.extras.get(s.id) or SessionExtra()) for s in self.budgeter.sessions()
+        ]
         if include_ended:
             out.extend(dict(r) for r in self.ended)
         if state is not None:
             out = [r for r in out if r["state"] == state]
         return out
 
-    def sessions_page(self, *, updated_after: float | None, cursor: tuple[float, str] | None, limit: int,
-                      include_ended: bool = True, state: str | None = None) -> tuple[list[dict[str, Any]],
-                                                                                      tuple[float, str] | None]:
+    def sessions_page(
+        self,
+        *,
+        updated_after: float | None,
+        cursor: tuple[float, str] | None,
+        limit: int,
+        include_ended: bool = True,
+        state: str | None = None,
+    ) -> tuple[list[dict[str, Any]], tuple[float, str] | None]:
         """Sessions changed after ``updated_after`` / after ``cursor``, ascending ``(updated_at, id)``;
         -> (page, cursor of the last item when more remain, else None)."""
         bound: tuple[float, str] | None = None
@@ -137,10 +148,14 @@ class Views:
         if cursor is not None and (bound is None or cursor > bound):
             bound = cursor
         keys: list[tuple[float, str, dict[str, Any] | None]] = [
-            (ts, sid, None) for sid, ts in self.updated.items() if bound is None or (ts, sid) > bound]
+            (ts, sid, None) for sid, ts in self.updated.items() if bound is None or (ts, sid) > bound
+        ]
         if include_ended:
-            keys.extend((r["updated_at"], r["id"], r) for r in self.ended
-                        if bound is None or (r["updated_at"], r["id"]) > bound)
+            keys.extend(
+                (r["updated_at"], r["id"], r)
+                for r in self.ended
+                if bound is None or (r["updated_at"], r["id"]) > bound
+            )
         keys.sort(key=lambda k: (k[0], k[1]))
         page: list[dict[str, Any]] = []
         last: tuple[float, str] | None = None
@@ -174,8 +189,10 @@ class Views:
                 waiting.append(s.arrived_at)
             elif s.state == PARKED and s.parked_since is not None:
                 parked.append(s.parked_since)
-        return (max(0.0, now - min(waiting)) if waiting else None,
-                max(0.0, now - min(parked)) if parked else None)
+        return (
+            max(0.0, now - min(waiting)) if waiting else None,
+            max(0.0, now - min(parked)) if parked else None,
+        )
 
     def warnings(self) -> list[str]:
         out = []
@@ -183,15 +200,20 @@ class Views:
             out.append("PREFIXOPS_OPERATOR_TOKEN is not set: the control API is read-only")
         if self.budgeter.pool_tokens is None:
             why = f" ({self.pool_error})" if self.pool_error else ""
-            out.append(f"KV pool size unknown{why}: the budgeter does not act on token bands; "
-                       "pass --pool-tokens or check the engine's /metrics")
+            out.append(
+                f"KV pool size unknown{why}: the budgeter does not act on token bands; "
+                "pass --pool-tokens or check the engine's /metrics"
+            )
         elif self.pool_error:
             out.append(self.pool_error)
         stats = self.window.stats(self.clock())
         if stats.unknown_turns:
             out.append(CACHED_FLAG_WARNING.format(unknown=stats.unknown_turns, turns=stats.turns))
-        if self.engine_error is not None and self.engine_error_at is not None \
-                and self.clock() - self.engine_error_at < self.settings.window_s:
+        if (
+            self.engine_error is not None
+            and self.engine_error_at is not None
+            and self.clock() - self.engine_error_at < self.settings.window_s
+        ):
             out.append(f"engine errors in the last {self.settings.window_s:.0f} s; last: {self.engine_error}")
         return out
 
@@ -206,8 +228,13 @@ class Views:
 
     def health_doc(self) -> dict[str, Any]:
         reasons = self.degraded_reasons()
-        return {"status": "degraded" if reasons else "ok", "uptime_s": self.clock() - self.started_at,
-                "engine": self.settings.engine, "read_only": not self.settings.operator_token, "reasons": reasons}
+        return {
+            "status": "degraded" if reasons else "ok",
+            "uptime_s": self.clock() - self.started_at,
+            "engine": self.settings.engine,
+            "read_only": not self.settings.operator_token,
+            "reasons": reasons,
+        }
 
     def state_doc(self, include_sessions: bool = False) -> dict[str, Any]:
         """The /state document: counts, not every session (``include_sessions`` embeds them as before)."""
@@ -224,9 +251,14 @@ class Views:
         oldest_waiting, oldest_parked = self.oldest_waits()
         degraded = self.degraded_reasons()
         reuse: dict[str, Any] = dict(stats.as_dict())
-        reuse.update(regime=regime, window_s=self.window.window_s, regime_judged=self.regime.judged,
-                     regime_enter=self.regime.config.enter, regime_exit=self.regime.config.exit,
-                     regime_min_turns=self.regime.config.min_turns)
+        reuse.update(
+            regime=regime,
+            window_s=self.window.window_s,
+            regime_judged=self.regime.judged,
+            regime_enter=self.regime.config.enter,
+            regime_exit=self.regime.config.exit,
+            regime_min_turns=self.regime.config.min_turns,
+        )
         last_doc = last.as_dict()
         last_doc["n"] = self.last_turns.n
         doc: dict[str, Any] = {
@@ -284,8 +316,13 @@ class Views:
         }
         if include_sessions:
             doc["sessions"] = [
-                {"id": s.id, "state": s.state, "turns": s.turns, "context_tokens": s.context_tokens,
-                 "last_cached_fraction": (self.extras.get(s.id) or SessionExtra()).last_cached_fraction}
+                {
+                    "id": s.id,
+                    "state": s.state,
+                    "turns": s.turns,
+                    "context_tokens": s.context_tokens,
+                    "last_cached_fraction": (self.extras.get(s.id) or SessionExtra()).last_cached_fraction,
+                }
                 for s in self.budgeter.sessions()
             ]
         return doc
@@ -300,5 +337,3 @@ class Views:
             doc["pinned_under_pressure"] = s.subtree_id in pinned
             out.append(doc)
         return out
-
-

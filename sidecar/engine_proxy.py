@@ -17,11 +17,27 @@ from .settings import Settings
 log = logging.getLogger(__name__)
 
 HOP_BY_HOP = {
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
-    b"transfer-encoding", b"upgrade", b"host", b"content-length", b"accept-encoding",
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"host",
+    b"content-length",
+    b"accept-encoding",
 }  # X-Session-Id & co. go through: engines ignore them, session-affinity routers and the simulator use them
-RESPONSE_DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "date",
-                 "server"}
+RESPONSE_DROP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "date",
+    "server",
+}
 
 
 class EngineProxy:
@@ -41,8 +57,9 @@ class EngineProxy:
         transport = self._transport
         if transport is None and s.engine_transport == "fast":
             transport = EngineTransport()
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport,
-                                         follow_redirects=False)
+        self._client = httpx.AsyncClient(
+            timeout=timeout, limits=limits, transport=transport, follow_redirects=False
+        )
 
     async def close(self) -> None:
         if self._client is not None:
@@ -80,21 +97,29 @@ class EngineProxy:
         return error_response(status, kind, message)
 
     def relay(self, response: httpx.Response) -> Response:
-        return Response(content=response.content, status_code=response.status_code,
-                        headers=self.response_headers(response))
+        return Response(
+            content=response.content,
+            status_code=response.status_code,
+            headers=self.response_headers(response),
+        )
 
     async def post(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
         return await self.client.post(self.base + path, content=body, headers=headers)
 
     async def open_stream(self, path: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> httpx.Response:
-        return await self.client.send(self.client.build_request("POST", self.base + path, content=body,
-                                                                headers=headers), stream=True)
+        return await self.client.send(
+            self.client.build_request("POST", self.base + path, content=body, headers=headers), stream=True
+        )
 
     async def forward(self, request: Request, path_and_query: str, body: bytes) -> Response:
         """Forward any other request unmeasured (model list, embeddings, tokenize, ...)."""
         try:
-            response = await self.client.request(request.method, self.base + path_and_query, content=body,
-                                                 headers=self.forward_headers(request))
+            response = await self.client.request(
+                request.method,
+                self.base + path_and_query,
+                content=body,
+                headers=self.forward_headers(request),
+            )
         except httpx.HTTPError as exc:
             return self.error(exc)
         return self.relay(response)

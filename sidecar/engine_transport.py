@@ -115,7 +115,7 @@ class _Parse:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
             self.raw, self.done, self.keep_alive = True, False, False
-            rest = data[exc.args[0]:]
+            rest = data[exc.args[0] :]
             if rest:
                 self.body.append(rest)
 
@@ -137,8 +137,15 @@ class _Parse:
 
 
 class _ResponseStream(httpx.AsyncByteStream):
-    def __init__(self, transport: EngineTransport, conn: _Conn | None, origin: Origin, parse: _Parse,
-                 read_timeout: float | None, request: httpx.Request) -> None:
+    def __init__(
+        self,
+        transport: EngineTransport,
+        conn: _Conn | None,
+        origin: Origin,
+        parse: _Parse,
+        read_timeout: float | None,
+        request: httpx.Request,
+    ) -> None:
         self.transport = transport
         self.conn = conn  # None once given back (the whole response arrived with its head)
         self.origin = origin
@@ -164,12 +171,16 @@ class _ResponseStream(httpx.AsyncByteStream):
                 elif not parse.eof():
                     raise httpx.RemoteProtocolError(
                         "engine closed the connection before the response body was complete",
-                        request=self.request)
+                        request=self.request,
+                    )
         except TimeoutError:
-            raise httpx.ReadTimeout("engine did not send the response body in time", request=self.request) from None
+            raise httpx.ReadTimeout(
+                "engine did not send the response body in time", request=self.request
+            ) from None
         except (httptools.HttpParserError, ConnectionError) as exc:
-            raise httpx.RemoteProtocolError(f"engine response body broke off: {type(exc).__name__}: {exc}",
-                                            request=self.request) from None
+            raise httpx.RemoteProtocolError(
+                f"engine response body broke off: {type(exc).__name__}: {exc}", request=self.request
+            ) from None
 
     async def aclose(self) -> None:
         if self.released:
@@ -184,8 +195,12 @@ class _ResponseStream(httpx.AsyncByteStream):
 
 
 class EngineTransport(httpx.AsyncBaseTransport):
-    def __init__(self, max_idle_per_origin: int = 512, keepalive_expiry: float = 30.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        max_idle_per_origin: int = 512,
+        keepalive_expiry: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.max_idle = max_idle_per_origin
         self.keepalive_expiry = keepalive_expiry
         self.ssl_context = ssl_context
@@ -215,7 +230,9 @@ class EngineTransport(httpx.AsyncBaseTransport):
         self.connections_opened += 1
         return _Conn(reader, writer)
 
-    async def _acquire(self, origin: Origin, timeout: float | None, request: httpx.Request) -> tuple[_Conn, bool]:
+    async def _acquire(
+        self, origin: Origin, timeout: float | None, request: httpx.Request
+    ) -> tuple[_Conn, bool]:
         stack = self._idle.get(origin)
         now = time.monotonic()
         while stack:
@@ -263,8 +280,9 @@ class EngineTransport(httpx.AsyncBaseTransport):
                 raise httpx.ReadTimeout("engine did not answer in time", request=request) from None
             except httptools.HttpParserError as exc:
                 conn.close()
-                raise httpx.RemoteProtocolError(f"malformed response head: {type(exc).__name__}: {exc}",
-                                                request=request) from None
+                raise httpx.RemoteProtocolError(
+                    f"malformed response head: {type(exc).__name__}: {exc}", request=request
+                ) from None
             except OSError as exc:
                 conn.close()
                 raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from None
@@ -272,8 +290,9 @@ class EngineTransport(httpx.AsyncBaseTransport):
                 conn.close()
                 if reused and attempt == 0 and not received:
                     continue  # the engine closed this idle keep-alive connection: once more on a fresh one
-                raise httpx.RemoteProtocolError("engine closed the connection without a response",
-                                                request=request)
+                raise httpx.RemoteProtocolError(
+                    "engine closed the connection without a response", request=request
+                )
             break
         else:  # pragma: no cover - the loop always breaks or raises
             raise httpx.ReadError("no response", request=request)
@@ -282,8 +301,12 @@ class EngineTransport(httpx.AsyncBaseTransport):
         if parse.done:  # the whole response came with its head (or has no body): give the connection back now
             await stream.aclose()
             stream.conn = None
-        return httpx.Response(parse.parser.get_status_code(), headers=parse.headers, stream=stream,
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": parse.reason})
+        return httpx.Response(
+            parse.parser.get_status_code(),
+            headers=parse.headers,
+            stream=stream,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": parse.reason},
+        )
 
     async def aclose(self) -> None:
         for stack in self._idle.values():

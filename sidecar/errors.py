@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 class ApiError(Exception):
     """An error answered to the client in the documented shape."""
 
-    def __init__(self, status: int, kind: str, message: str, headers: dict[str, str] | None = None,
-                 **extra: Any) -> None:
+    def __init__(
+        self, status: int, kind: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
@@ -50,14 +51,17 @@ class ApiError(Exception):
 
 
 def error_body(kind: str, message: str, code: int, **extra: Any) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": extra.pop("field", None), "code": code,
-                      **extra}}
+    return {
+        "error": {"message": message, "type": kind, "param": extra.pop("field", None), "code": code, **extra}
+    }
 
 
-def error_response(status: int, kind: str, message: str, headers: dict[str, str] | None = None,
-                   **extra: Any) -> JSONResponse:
-    return JSONResponse(json_safe(error_body(kind, message, status, **extra)), status_code=status,
-                        headers=headers)
+def error_response(
+    status: int, kind: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    return JSONResponse(
+        json_safe(error_body(kind, message, status, **extra)), status_code=status, headers=headers
+    )
 
 
 def json_safe(value: Any) -> Any:
@@ -99,18 +103,34 @@ async def validation_handler(request: Request, exc: Exception) -> JSONResponse:
         parts.append(f"{field}: {err.get('msg')} (got {_short(value)})")
     if first_field == "body" and isinstance(first_value, str) and len(first_value) > 200:
         first_value = first_value[:200]
-    return error_response(422, "invalid_value", "; ".join(parts) or "invalid request", field=first_field,
-                          value=first_value)
+    return error_response(
+        422, "invalid_value", "; ".join(parts) or "invalid request", field=first_field, value=first_value
+    )
 
 
 async def internal_error_handler(request: Request, exc: Exception) -> JSONResponse:
-    log.error("internal error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc,
-              exc_info=exc if not isinstance(exc, RecursionError) else None)
-    return error_response(500, "internal_error", f"internal error ({type(exc).__name__}); see the sidecar log")
+    log.error(
+        "internal error on %s %s: %s: %s",
+        request.method,
+        request.url.path,
+        type(exc).__name__,
+        exc,
+        exc_info=exc if not isinstance(exc, RecursionError) else None,
+    )
+    return error_response(
+        500, "internal_error", f"internal error ({type(exc).__name__}); see the sidecar log"
+    )
 
 
-HTTP_KINDS = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
-              413: "body_too_large", 415: "unsupported_media_type", 422: "invalid_value"}
+HTTP_KINDS = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_value",
+}
 
 
 async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:

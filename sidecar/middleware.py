@@ -40,8 +40,15 @@ def is_json(content_type: bytes) -> bool:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, max_bytes: int, control_bytes: int, allowed_hosts: frozenset[str],
-                 read_timeout_s: float = math.inf, proxied_deadline: bool = True) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        control_bytes: int,
+        allowed_hosts: frozenset[str],
+        read_timeout_s: float = math.inf,
+        proxied_deadline: bool = True,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.control_bytes = control_bytes
@@ -56,9 +63,13 @@ class Guard:
         if self.allowed_hosts:
             host = host_of(scope)
             if host not in self.allowed_hosts:
-                await error_response(421, "misdirected_request", f"Host {host!r} is not served here; allowed: "
-                                     f"{', '.join(sorted(self.allowed_hosts))} (see --allowed-hosts)",
-                                     field="Host")(scope, receive, send)
+                await error_response(
+                    421,
+                    "misdirected_request",
+                    f"Host {host!r} is not served here; allowed: "
+                    f"{', '.join(sorted(self.allowed_hosts))} (see --allowed-hosts)",
+                    field="Host",
+                )(scope, receive, send)
                 return
         if scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
@@ -79,16 +90,23 @@ class Guard:
             elif name == b"transfer-encoding":
                 chunked = True
         if declared is not None and (declared > limit or declared < 0):
-            await error_response(413 if declared > limit else 400,
-                                 "body_too_large" if declared > limit else "invalid_request",
-                                 f"request body of {declared if declared >= 0 else 'invalid'} bytes; "
-                                 f"the limit is {limit} bytes", field="body")(scope, receive, send)
+            await error_response(
+                413 if declared > limit else 400,
+                "body_too_large" if declared > limit else "invalid_request",
+                f"request body of {declared if declared >= 0 else 'invalid'} bytes; "
+                f"the limit is {limit} bytes",
+                field="body",
+            )(scope, receive, send)
             return
         has_body = chunked or (declared is not None and declared > 0)
         if has_body and (content_type is None or not is_json(content_type)):
             shown = "none" if content_type is None else repr(content_type.decode("latin-1")[:100])
-            await error_response(415, "unsupported_media_type", f"request bodies must be application/json, got "
-                                 f"content type {shown}", field="Content-Type")(scope, receive, send)
+            await error_response(
+                415,
+                "unsupported_media_type",
+                f"request bodies must be application/json, got content type {shown}",
+                field="Content-Type",
+            )(scope, receive, send)
             return
         deadline = time.monotonic() + self.read_timeout_s
         if not proxied:
@@ -105,8 +123,12 @@ class Guard:
                     with anyio.fail_after(max(0.0, deadline - time.monotonic())):
                         message = await receive()
                 except TimeoutError:
-                    raise ApiError(408, "request_timeout", f"request body not received within "
-                                   f"{self.read_timeout_s:g} s (--read-timeout)", field="body") from None
+                    raise ApiError(
+                        408,
+                        "request_timeout",
+                        f"request body not received within {self.read_timeout_s:g} s (--read-timeout)",
+                        field="body",
+                    ) from None
             else:
                 message = await receive()
             if message["type"] == "http.request":
@@ -114,13 +136,19 @@ class Guard:
                     bounded = False  # the body is in: later reads wait for a disconnect, unbounded
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise ApiError(413, "body_too_large", f"request body exceeds the limit of {limit} bytes",
-                                   field="body")
+                    raise ApiError(
+                        413,
+                        "body_too_large",
+                        f"request body exceeds the limit of {limit} bytes",
+                        field="body",
+                    )
             return message
 
         await self.app(scope, limited_receive, send)
 
-    async def _buffered(self, scope: Scope, receive: Receive, send: Send, limit: int, deadline: float) -> None:
+    async def _buffered(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, deadline: float
+    ) -> None:
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -133,14 +161,22 @@ class Guard:
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > limit:
-                        await error_response(413, "body_too_large", f"request body exceeds the limit of {limit} "
-                                             "bytes", field="body")(scope, receive, send)
+                        await error_response(
+                            413,
+                            "body_too_large",
+                            f"request body exceeds the limit of {limit} bytes",
+                            field="body",
+                        )(scope, receive, send)
                         return
                     chunks.append(chunk)
                     more = message.get("more_body", False)
         except TimeoutError:
-            await error_response(408, "request_timeout", f"request body not received within "
-                                 f"{self.read_timeout_s:g} s (--read-timeout)", field="body")(scope, receive, send)
+            await error_response(
+                408,
+                "request_timeout",
+                f"request body not received within {self.read_timeout_s:g} s (--read-timeout)",
+                field="body",
+            )(scope, receive, send)
             return
         body = b"".join(chunks)
         sent = False

@@ -64,8 +64,12 @@ def subtree_of(payload: dict[str, Any], header: str | None) -> str | None:
     if header:
         return header[:256]
     messages = payload.get("messages")
-    if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
-            and messages[0].get("role") in ("system", "developer"):
+    if (
+        isinstance(messages, list)
+        and messages
+        and isinstance(messages[0], dict)
+        and messages[0].get("role") in ("system", "developer")
+    ):
         content = messages[0].get("content")
         if not isinstance(content, str):
             content = json.dumps(content, sort_keys=True)
@@ -86,8 +90,9 @@ def usage_numbers(usage: Any) -> tuple[int | None, int | None, int | None]:
     return _as_int(usage.get("prompt_tokens")), _as_int(cached), _as_int(usage.get("completion_tokens"))
 
 
-def checked_usage(prompt: int | None, cached: int | None, completion: int | None, max_tokens: int
-                  ) -> tuple[int | None, int | None, int | None, str | None]:
+def checked_usage(
+    prompt: int | None, cached: int | None, completion: int | None, max_tokens: int
+) -> tuple[int | None, int | None, int | None, str | None]:
     """Engine-reported usage range-checked before it enters demand (issue 11 item 3).
 
     Returns (prompt, cached, completion, problem): a prompt or completion outside ``[0, max_tokens]``

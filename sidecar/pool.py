@@ -25,7 +25,9 @@ def pool_tokens_from_text(text: str) -> tuple[int | None, str | None]:
     return tokens, (kind if kind in ("vllm", "sglang") else None)
 
 
-async def fetch_pool_tokens(client: httpx.AsyncClient, engine: str) -> tuple[int | None, str | None, str | None]:
+async def fetch_pool_tokens(
+    client: httpx.AsyncClient, engine: str
+) -> tuple[int | None, str | None, str | None]:
     """(pool tokens, engine kind, error) from the engine's /metrics; never raises for expected failures."""
     url = engine.rstrip("/") + "/metrics"
     try:
@@ -39,6 +41,12 @@ async def fetch_pool_tokens(client: httpx.AsyncClient, engine: str) -> tuple[int
     except Exception as exc:  # a parser bug must not stop the sidecar; report it in one line
         return None, None, f"engine metrics at {url} could not be parsed: {type(exc).__name__}: {exc}"
     if tokens is None:
-        return None, None, (f"engine metrics at {url} carry neither vllm:cache_config_info nor "
-                            "sglang:max_total_num_tokens; pass --pool-tokens")
+        return (
+            None,
+            None,
+            (
+                f"engine metrics at {url} carry neither vllm:cache_config_info nor "
+                "sglang:max_total_num_tokens; pass --pool-tokens"
+            ),
+        )
     return tokens, kind, None

@@ -4,7 +4,6 @@ Every accepted change is recorded in the audit with its actor, parameters (reaso
 and the state before and after.
 """
 
-
 import datetime as dt
 from typing import Annotated, Literal
 
@@ -42,7 +41,9 @@ class ParkBody(BaseModel):
 
 class DeferBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    until: dt.datetime | None = Field(default=None, description="ISO 8601 time (or Unix seconds) the deferral ends")
+    until: dt.datetime | None = Field(
+        default=None, description="ISO 8601 time (or Unix seconds) the deferral ends"
+    )
     minutes: Finite | None = Field(default=None, gt=0, le=7 * 24 * 60)
     reason: str = Field(default="", max_length=1000)
 
@@ -66,18 +67,25 @@ def router(sc: Sidecar) -> APIRouter:
         actor, role = who
         changes = body.model_dump(exclude_none=True)
         if not changes:
-            raise ApiError(422, "invalid_value", "the body must set at least one of mode, low, high, "
-                           "session_cap, latency_limit_s", field="body", value={})
+            raise ApiError(
+                422,
+                "invalid_value",
+                "the body must set at least one of mode, low, high, session_cap, latency_limit_s",
+                field="body",
+                value={},
+            )
         try:
             after, audit_id = cp.update_budgeter(changes, actor, role)
         except ConfigError as exc:
-            raise ApiError(422, "invalid_value", str(exc), field=exc.field or "body",
-                           value=json_safe(changes)) from None
+            raise ApiError(
+                422, "invalid_value", str(exc), field=exc.field or "body", value=json_safe(changes)
+            ) from None
         return JSONResponse(json_safe({"budgeter": after, "audit_id": audit_id}))
 
     @api.post("/control/sessions/{session_id:path}/park")
-    async def control_park(who: Operator, session_id: SessionIdPath,
-                           body: Annotated[ParkBody | None, Body()] = None) -> JSONResponse:
+    async def control_park(
+        who: Operator, session_id: SessionIdPath, body: Annotated[ParkBody | None, Body()] = None
+    ) -> JSONResponse:
         actor, role = who
         try:
             doc, audit_id = cp.park(session_id, actor, role, reason=body.reason if body is not None else None)
@@ -86,8 +94,9 @@ def router(sc: Sidecar) -> APIRouter:
         return JSONResponse(json_safe({"session": doc, "audit_id": audit_id}))
 
     @api.post("/control/sessions/{session_id:path}/unpark")
-    async def control_unpark(who: Operator, session_id: SessionIdPath,
-                             body: Annotated[UnparkBody | None, Body()] = None) -> JSONResponse:
+    async def control_unpark(
+        who: Operator, session_id: SessionIdPath, body: Annotated[UnparkBody | None, Body()] = None
+    ) -> JSONResponse:
         actor, role = who
         try:
             doc, audit_id = cp.unpark(session_id, body.pin if body is not None else False, actor, role)
@@ -95,22 +104,39 @@ def router(sc: Sidecar) -> APIRouter:
             raise unknown(session_id) from None
         return JSONResponse(json_safe({"session": doc, "audit_id": audit_id}))
 
-    @api.post("/control/compaction/defer", summary="Defer every compaction until a time (`until`) or for `minutes`")
+    @api.post(
+        "/control/compaction/defer", summary="Defer every compaction until a time (`until`) or for `minutes`"
+    )
     async def control_defer(who: Operator, body: DeferBody) -> JSONResponse:
         actor, role = who
         now = cp.clock()
         if (body.until is None) == (body.minutes is None):
-            raise ApiError(422, "invalid_value", "give exactly one of until and minutes", field="until",
-                           value=json_safe(body.model_dump(mode="json")))
+            raise ApiError(
+                422,
+                "invalid_value",
+                "give exactly one of until and minutes",
+                field="until",
+                value=json_safe(body.model_dump(mode="json")),
+            )
         if body.until is not None:
             until_dt = body.until if body.until.tzinfo else body.until.replace(tzinfo=dt.UTC)
             until = until_dt.timestamp()
             if not until > now:
-                raise ApiError(422, "invalid_value", f"until must be in the future, got {body.until.isoformat()}",
-                               field="until", value=body.until.isoformat())
+                raise ApiError(
+                    422,
+                    "invalid_value",
+                    f"until must be in the future, got {body.until.isoformat()}",
+                    field="until",
+                    value=body.until.isoformat(),
+                )
             if until - now > 7 * 24 * 3600:
-                raise ApiError(422, "invalid_value", f"until must be within 7 days, got {body.until.isoformat()}",
-                               field="until", value=body.until.isoformat())
+                raise ApiError(
+                    422,
+                    "invalid_value",
+                    f"until must be within 7 days, got {body.until.isoformat()}",
+                    field="until",
+                    value=body.until.isoformat(),
+                )
         else:
             assert body.minutes is not None
             until = now + body.minutes * 60.0

@@ -42,8 +42,11 @@ def read_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol] | None:
         def _expired(self) -> None:
             self._head_timer = None
             if not self.transport.is_closing():
-                log.info("closing a connection from %s: no complete request within %g s (--read-timeout)",
-                         self.client, timeout_s)
+                log.info(
+                    "closing a connection from %s: no complete request within %g s (--read-timeout)",
+                    self.client,
+                    timeout_s,
+                )
                 self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -78,8 +81,17 @@ def protocol_for(settings: Settings) -> type[asyncio.Protocol] | None:
 
 def serve(app: Any, settings: Settings, protocol: type[asyncio.Protocol] | None) -> None:
     http: Any = protocol if protocol is not None else settings.http
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, workers=1,
-                            log_level=settings.log_level.lower(), access_log=settings.access_log,
-                            timeout_graceful_shutdown=5, backlog=4096, timeout_keep_alive=75, loop=settings.loop,
-                            http=http)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        workers=1,
+        log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=5,
+        backlog=4096,
+        timeout_keep_alive=75,
+        loop=settings.loop,
+        http=http,
+    )
     uvicorn.Server(config).run()

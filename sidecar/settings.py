@@ -25,8 +25,11 @@ from core.compaction import CompactionPolicy, WarmthConfig
 from core.reuse import RegimeConfig
 
 ENV_PREFIX = "PREFIXOPS_SIDECAR_"
-TOKEN_ENV = {"operator_token": "PREFIXOPS_OPERATOR_TOKEN", "viewer_token": "PREFIXOPS_VIEWER_TOKEN",
-             "client_token": "PREFIXOPS_CLIENT_TOKEN"}
+TOKEN_ENV = {
+    "operator_token": "PREFIXOPS_OPERATOR_TOKEN",
+    "viewer_token": "PREFIXOPS_VIEWER_TOKEN",
+    "client_token": "PREFIXOPS_CLIENT_TOKEN",
+}
 DEFAULT_ALLOWED_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 _BUDGETER = BudgeterConfig()
@@ -58,22 +61,35 @@ class Settings:
     window_s: float = _f(60.0, "--window-s", "reuse time window in seconds")
     last_n: int = _f(200, "--last-n", "turns in the last-N reuse window")
     idle_timeout_s: float = _f(600.0, "--idle-timeout", "seconds before an idle session ends")
-    mode: str = _f(_BUDGETER.mode, "--mode", "initial control mode (operator changes persist and win)",
-                   choices=CONTROLS)
+    mode: str = _f(
+        _BUDGETER.mode, "--mode", "initial control mode (operator changes persist and win)", choices=CONTROLS
+    )
     low: float = _f(_BUDGETER.low, "--low", "initial low band (fraction of the pool)")
     high: float = _f(_BUDGETER.high, "--high", "initial high band (fraction of the pool)")
     session_cap: int = _f(_BUDGETER.session_cap, "--session-cap", "admitted sessions in session-cap-park")
     latency_limit_s: float = _f(_BUDGETER.latency_limit_s, "--latency-limit", "seconds, for latency-park")
-    default_output_budget: int = _f(_BUDGETER.default_output_budget, "--default-output-budget",
-                                    "output tokens assumed when a request sets no max_tokens")
+    default_output_budget: int = _f(
+        _BUDGETER.default_output_budget,
+        "--default-output-budget",
+        "output tokens assumed when a request sets no max_tokens",
+    )
     regime_enter: float = _f(_REGIME.enter, "--regime-enter", "thin reuse is entered when D >= this")
     regime_exit: float = _f(_REGIME.exit, "--regime-exit", "thin reuse is left when D < this")
-    regime_min_turns: int = _f(_REGIME.min_turns, "--regime-min-turns", "known turns needed to judge the regime")
-    warmth_window_s: float = _f(_WARMTH.window_s, "--warmth-window", "seconds of hits that keep a subtree warm")
-    warmth_floor: int = _f(_WARMTH.floor, "--warmth-floor", "hits in the warmth window that make a subtree warm")
-    top_k_pinned: int = _f(_POLICY.top_k_pinned, "--top-k-pinned", "hottest subtrees kept under storage pressure")
-    turns_retention_s: float = _f(86400.0, "--turns-retention",
-                                  "seconds of turn trace (GET /turns) kept in the state store")
+    regime_min_turns: int = _f(
+        _REGIME.min_turns, "--regime-min-turns", "known turns needed to judge the regime"
+    )
+    warmth_window_s: float = _f(
+        _WARMTH.window_s, "--warmth-window", "seconds of hits that keep a subtree warm"
+    )
+    warmth_floor: int = _f(
+        _WARMTH.floor, "--warmth-floor", "hits in the warmth window that make a subtree warm"
+    )
+    top_k_pinned: int = _f(
+        _POLICY.top_k_pinned, "--top-k-pinned", "hottest subtrees kept under storage pressure"
+    )
+    turns_retention_s: float = _f(
+        86400.0, "--turns-retention", "seconds of turn trace (GET /turns) kept in the state store"
+    )
     max_body_bytes: int = _f(16 * 1024 * 1024, "--max-body-bytes", "largest proxied request body")
     control_body_bytes: int = 64 * 1024
     pool_refresh_s: float = _f(60.0, "--pool-refresh", "seconds between reads of the engine's pool size")
@@ -81,17 +97,28 @@ class Settings:
     persist_every_s: float = 1.0
     engine_timeout_s: float = _f(600.0, "--engine-timeout", "seconds the engine may take to answer")
     engine_connect_timeout_s: float = 5.0
-    read_timeout_s: float = _f(30.0, "--read-timeout",
-                               "seconds a client may take to send its request (head and body)")
-    max_sessions: int = _f(100_000, "--max-sessions",
-                           "sessions tracked at most; beyond it the oldest idle one is ended (reason evicted)")
-    allowed_hosts: tuple[str, ...] = _f((), "--allowed-hosts",
-                                        "comma-separated Host names answered (default: 127.0.0.1, localhost, "
-                                        "[::1] and the bind host; '*' allows any); others get 421")
+    read_timeout_s: float = _f(
+        30.0, "--read-timeout", "seconds a client may take to send its request (head and body)"
+    )
+    max_sessions: int = _f(
+        100_000,
+        "--max-sessions",
+        "sessions tracked at most; beyond it the oldest idle one is ended (reason evicted)",
+    )
+    allowed_hosts: tuple[str, ...] = _f(
+        (),
+        "--allowed-hosts",
+        "comma-separated Host names answered (default: 127.0.0.1, localhost, "
+        "[::1] and the bind host; '*' allows any); others get 421",
+    )
     chars_per_token: float = 4.0
     ended_keep: int = 1000
-    engine_transport: str = _f("fast", "--engine-transport", "httpx transport to the engine: the sidecar's "
-                               "lean keep-alive pool, or httpx's default", choices=("fast", "httpcore"))
+    engine_transport: str = _f(
+        "fast",
+        "--engine-transport",
+        "httpx transport to the engine: the sidecar's lean keep-alive pool, or httpx's default",
+        choices=("fast", "httpcore"),
+    )
     log_level: str = _f("info", "--log-level", "log level: debug, info, warning or error")
     access_log: bool = _f(False, "--access-log", "log every request (costs throughput)")
     loop: str = _f("auto", "--loop", "uvicorn event loop", choices=("auto", "asyncio", "uvloop"))
@@ -106,25 +133,48 @@ class Settings:
         for name in ("engine_transport", "mode", "loop", "http"):
             choices = _meta(name)["choices"]
             if getattr(self, name) not in choices:
-                raise SettingsError(f"{_meta(name)['flag']} must be one of {', '.join(choices)}, "
-                                    f"got {getattr(self, name)!r}")
+                raise SettingsError(
+                    f"{_meta(name)['flag']} must be one of {', '.join(choices)}, got {getattr(self, name)!r}"
+                )
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise SettingsError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
-        positive = ("max_hold_s", "window_s", "idle_timeout_s", "warmth_window_s", "pool_refresh_s", "tick_s",
-                    "persist_every_s", "engine_timeout_s", "engine_connect_timeout_s", "chars_per_token",
-                    "latency_limit_s", "read_timeout_s", "turns_retention_s")
+        positive = (
+            "max_hold_s",
+            "window_s",
+            "idle_timeout_s",
+            "warmth_window_s",
+            "pool_refresh_s",
+            "tick_s",
+            "persist_every_s",
+            "engine_timeout_s",
+            "engine_connect_timeout_s",
+            "chars_per_token",
+            "latency_limit_s",
+            "read_timeout_s",
+            "turns_retention_s",
+        )
         for name in positive:
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise SettingsError(f"{name} must be a finite number > 0, got {value!r}")
-        for name in ("last_n", "regime_min_turns", "warmth_floor", "max_body_bytes", "control_body_bytes",
-                     "ended_keep", "session_cap", "max_sessions"):
+        for name in (
+            "last_n",
+            "regime_min_turns",
+            "warmth_floor",
+            "max_body_bytes",
+            "control_body_bytes",
+            "ended_keep",
+            "session_cap",
+            "max_sessions",
+        ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.top_k_pinned < 0 or self.default_output_budget < 0:
             raise SettingsError("top_k_pinned and default_output_budget must be >= 0")
         if self.pool_tokens is not None and self.pool_tokens < 1:
-            raise SettingsError(f"--pool-tokens must be a positive number of tokens, got {self.pool_tokens!r}")
+            raise SettingsError(
+                f"--pool-tokens must be a positive number of tokens, got {self.pool_tokens!r}"
+            )
         for name in ("operator_token", "client_token"):
             token = getattr(self, name)
             if token is not None and len(token) < 8:
@@ -156,8 +206,9 @@ def _converter(hint: Any) -> Any:
     raise TypeError(f"no command-line conversion for {hint!r}")
 
 
-def build_parser(environ: Mapping[str, str] | None = None, prog: str = "python -m sidecar",
-                 description: str | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    environ: Mapping[str, str] | None = None, prog: str = "python -m sidecar", description: str | None = None
+) -> argparse.ArgumentParser:
     """The sidecar's argument parser, one flag per `Settings` field with ``flag`` metadata; defaults from
     the field, or ``PREFIXOPS_SIDECAR_<FIELD>`` in ``environ``."""
     environ = environ or {}
@@ -174,18 +225,27 @@ def build_parser(environ: Mapping[str, str] | None = None, prog: str = "python -
             env_value = environ.get(env_name)
             if env_value is not None:
                 default = env_value.strip().lower() in ("1", "true", "yes")
-            parser.add_argument(meta["flag"], dest=f.name, action="store_true", default=default, help=help_text)
+            parser.add_argument(
+                meta["flag"], dest=f.name, action="store_true", default=default, help=help_text
+            )
             continue
         convert = _converter(hints[f.name])
         if env_name in environ:
             try:
                 default = convert(environ[env_name])
             except ValueError:
-                raise SettingsError(f"{env_name} must be a {getattr(convert, '__name__', 'value')}, got "
-                                    f"{environ[env_name]!r}") from None
+                raise SettingsError(
+                    f"{env_name} must be a {getattr(convert, '__name__', 'value')}, got {environ[env_name]!r}"
+                ) from None
         shown = ",".join(default) if isinstance(default, tuple) else default
-        parser.add_argument(meta["flag"], dest=f.name, type=convert, default=default, choices=meta["choices"],
-                            help=f"{help_text} (default: {shown})")
+        parser.add_argument(
+            meta["flag"],
+            dest=f.name,
+            type=convert,
+            default=default,
+            choices=meta["choices"],
+            help=f"{help_text} (default: {shown})",
+        )
     return parser
 
 
@@ -200,12 +260,18 @@ def settings_from_args(argv: Sequence[str] | None, environ: Mapping[str, str]) -
 
 def flags_table() -> str:
     """docs/sidecar-flags.md: one row per flag, generated from `Settings` (a test checks it is current)."""
-    rows = ["# Sidecar flags", "",
-            "Generated from `sidecar.settings.Settings` by `python -m sidecar.settings > docs/sidecar-flags.md`;",
-            "a test fails when this file drifts. Each flag's default may also come from the environment",
-            "variable shown. Tokens are read from the environment only: "
-            + ", ".join(f"`{v}`" for v in TOKEN_ENV.values()) + ".", "",
-            "| flag | setting | environment | default | meaning |", "|---|---|---|---|---|"]
+    rows = [
+        "# Sidecar flags",
+        "",
+        "Generated from `sidecar.settings.Settings` by `python -m sidecar.settings > docs/sidecar-flags.md`;",
+        "a test fails when this file drifts. Each flag's default may also come from the environment",
+        "variable shown. Tokens are read from the environment only: "
+        + ", ".join(f"`{v}`" for v in TOKEN_ENV.values())
+        + ".",
+        "",
+        "| flag | setting | environment | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
     for f in fields(Settings):
         if "flag" not in f.metadata:
             continue
@@ -213,8 +279,10 @@ def flags_table() -> str:
         shown = ",".join(default) if isinstance(default, tuple) else default
         choices = f.metadata["choices"]
         meaning = f.metadata["help"] + (f" (one of: {', '.join(choices)})" if choices else "")
-        rows.append(f"| `{f.metadata['flag']}` | `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | `{shown}` | "
-                    f"{meaning.replace('|', '/')} |")
+        rows.append(
+            f"| `{f.metadata['flag']}` | `{f.name}` | `{ENV_PREFIX}{f.name.upper()}` | `{shown}` | "
+            f"{meaning.replace('|', '/')} |"
+        )
     return "\n".join(rows) + "\n"
 
 

@@ -56,9 +56,22 @@ BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
 """
 
 AUDIT_COLUMNS = ("id", "ts", "actor", "role", "action", "params", "before", "after")
-DECISION_COLUMNS = ("id", "ts", "request_id", "subtree_id", "decision", "reason", "urgency", "regime",
-                    "request_reason", "warm", "recent_hits", "recent_cached_tokens", "token_weighted",
-                    "divergence")
+DECISION_COLUMNS = (
+    "id",
+    "ts",
+    "request_id",
+    "subtree_id",
+    "decision",
+    "reason",
+    "urgency",
+    "regime",
+    "request_reason",
+    "warm",
+    "recent_hits",
+    "recent_cached_tokens",
+    "token_weighted",
+    "divergence",
+)
 
 
 class Store:
@@ -102,9 +115,10 @@ class Store:
             return
         self._db.execute("BEGIN")
         try:
-            self._db.executemany("INSERT INTO sessions(id, doc) VALUES(?, ?) "
-                                 "ON CONFLICT(id) DO UPDATE SET doc = excluded.doc",
-                                 [(sid, json.dumps(doc, separators=(",", ":"))) for sid, doc in upserts])
+            self._db.executemany(
+                "INSERT INTO sessions(id, doc) VALUES(?, ?) ON CONFLICT(id) DO UPDATE SET doc = excluded.doc",
+                [(sid, json.dumps(doc, separators=(",", ":"))) for sid, doc in upserts],
+            )
             self._db.executemany("DELETE FROM sessions WHERE id = ?", [(sid,) for sid in deletes])
             self._db.execute("COMMIT")
         except BaseException:
@@ -115,8 +129,9 @@ class Store:
         return [json.loads(doc) for (doc,) in self._db.execute("SELECT doc FROM sessions ORDER BY id")]
 
     # --------------------------------------------------------------- audit
-    def append_audit(self, ts: float, actor: str, role: str, action: str, params: Any,
-                     before: Any, after: Any) -> int:
+    def append_audit(
+        self, ts: float, actor: str, role: str, action: str, params: Any, before: Any, after: Any
+    ) -> int:
         cur = self._db.execute(
             "INSERT INTO audit(ts, actor, role, action, params, before, after) VALUES(?,?,?,?,?,?,?)",
             (ts, actor, role, action, json.dumps(params), json.dumps(before), json.dumps(after)),
@@ -167,5 +182,7 @@ class Store:
         return out
 
     def decision_counts(self) -> dict[tuple[str, str], int]:
-        rows = self._db.execute("SELECT decision, urgency, COUNT(*) FROM decisions GROUP BY decision, urgency")
+        rows = self._db.execute(
+            "SELECT decision, urgency, COUNT(*) FROM decisions GROUP BY decision, urgency"
+        )
         return {(d, u): int(n) for d, u, n in rows.fetchall()}

@@ -44,8 +44,20 @@ CREATE TABLE IF NOT EXISTS turns (
 CREATE INDEX IF NOT EXISTS turns_ts ON turns(ts);
 """
 
-COLUMNS = ("id", "ts", "session", "subtree", "prompt_tokens", "cached_tokens", "completion_tokens", "held_s",
-           "parked_s", "latency_s", "outcome", "model")
+COLUMNS = (
+    "id",
+    "ts",
+    "session",
+    "subtree",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "held_s",
+    "parked_s",
+    "latency_s",
+    "outcome",
+    "model",
+)
 MAX_BUFFER = 100_000
 PRUNE_EVERY_S = 60.0
 MAX_MODEL_CHARS = 200
@@ -64,15 +76,39 @@ class TurnLog:
         self.written = 0
         self._pruned_at = float("-inf")
 
-    def record(self, ts: float, session: str | None, subtree: str | None, prompt: int | None, cached: int | None,
-               completion: int | None, held_s: float, parked_s: float, latency_s: float | None, outcome: str,
-               model: Any) -> None:
+    def record(
+        self,
+        ts: float,
+        session: str | None,
+        subtree: str | None,
+        prompt: int | None,
+        cached: int | None,
+        completion: int | None,
+        held_s: float,
+        parked_s: float,
+        latency_s: float | None,
+        outcome: str,
+        model: Any,
+    ) -> None:
         """Buffer one turn (cheap: the hot path calls it)."""
         if len(self.buffer) >= MAX_BUFFER:
             del self.buffer[0]
             self.dropped += 1
-        self.buffer.append((ts, session, subtree, prompt, cached, completion, held_s, parked_s, latency_s,
-                            outcome, model[:MAX_MODEL_CHARS] if isinstance(model, str) else None))
+        self.buffer.append(
+            (
+                ts,
+                session,
+                subtree,
+                prompt,
+                cached,
+                completion,
+                held_s,
+                parked_s,
+                latency_s,
+                outcome,
+                model[:MAX_MODEL_CHARS] if isinstance(model, str) else None,
+            )
+        )
 
     def flush(self, now: float) -> None:
         """Write the buffer in one transaction and prune expired rows; raises sqlite3.Error (buffer kept)."""
@@ -82,21 +118,23 @@ class TurnLog:
             try:
                 self._db.executemany(
                     f"INSERT INTO turns({', '.join(COLUMNS[1:])}) VALUES({', '.join('?' * (len(COLUMNS) - 1))})",
-                    rows)
+                    rows,
+                )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self.written += len(rows)
-            self.buffer = self.buffer[len(rows):]
+            self.buffer = self.buffer[len(rows) :]
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
             self._db.execute("DELETE FROM turns WHERE ts < ?", (now - self.retention_s,))
 
     def page(self, after_id: int = 0, limit: int = 1000) -> dict[str, Any]:
         """``{"turns": [...], "next_after_id": N}``: turns with ``id > after_id`` in id order."""
-        rows = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM turns WHERE id > ? ORDER BY id LIMIT ?",
-                                (after_id, limit)).fetchall()
+        rows = self._db.execute(
+            f"SELECT {', '.join(COLUMNS)} FROM turns WHERE id > ? ORDER BY id LIMIT ?", (after_id, limit)
+        ).fetchall()
         turns = [dict(zip(COLUMNS, row, strict=True)) for row in rows]
         return {"turns": turns, "next_after_id": turns[-1]["id"] if turns else after_id}
 
@@ -111,11 +149,29 @@ class TurnTracing:
     def _init_turns(self, store: Store | None, retention_s: float) -> None:
         self.turn_log = TurnLog(store, retention_s) if store is not None else None
 
-    def trace_turn(self, ticket: Any, prompt: int | None, cached: int | None, completion: int | None,
-                   latency_s: float | None, outcome: str) -> None:
+    def trace_turn(
+        self,
+        ticket: Any,
+        prompt: int | None,
+        cached: int | None,
+        completion: int | None,
+        latency_s: float | None,
+        outcome: str,
+    ) -> None:
         if self.turn_log is not None:
-            self.turn_log.record(self.clock(), ticket.session_id, ticket.subtree, prompt, cached, completion,
-                                 ticket.held_s, ticket.parked_s, latency_s, outcome, ticket.model)
+            self.turn_log.record(
+                self.clock(),
+                ticket.session_id,
+                ticket.subtree,
+                prompt,
+                cached,
+                completion,
+                ticket.held_s,
+                ticket.parked_s,
+                latency_s,
+                outcome,
+                ticket.model,
+            )
 
     def flush_turns(self) -> None:
         """Write the buffered turns (the tick, a /turns read, shutdown); a failing store keeps them."""

@@ -7,7 +7,21 @@ import bisect
 import math
 from collections import deque
 
-BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+BUCKETS_S: tuple[float, ...] = (
+    0.1,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
 RECENT_WINDOW_S = 300.0
 RECENT_MAX = 10_000
 
@@ -21,8 +35,12 @@ def percentile(sorted_values: list[float], q: float) -> float:
 class WaitStats:
     """Observed waits in seconds: cumulative bucket counts, sum and count, and the recent samples."""
 
-    def __init__(self, buckets: tuple[float, ...] = BUCKETS_S, window_s: float = RECENT_WINDOW_S,
-                 max_recent: int = RECENT_MAX) -> None:
+    def __init__(
+        self,
+        buckets: tuple[float, ...] = BUCKETS_S,
+        window_s: float = RECENT_WINDOW_S,
+        max_recent: int = RECENT_MAX,
+    ) -> None:
         self.buckets = buckets
         self.window_s = window_s
         self.counts = [0] * (len(buckets) + 1)  # per bucket, the last one is +Inf
@@ -55,5 +73,10 @@ class WaitStats:
         values = sorted(v for _, v in self._recent)
         if not values:
             return {"p50": None, "p95": None, "max": None, "n": 0, "window_s": self.window_s}
-        return {"p50": percentile(values, 0.5), "p95": percentile(values, 0.95), "max": values[-1],
-                "n": len(values), "window_s": self.window_s}
+        return {
+            "p50": percentile(values, 0.5),
+            "p95": percentile(values, 0.95),
+            "max": values[-1],
+            "n": len(values),
+            "window_s": self.window_s,
+        }

@@ -43,10 +43,13 @@ CompactionDecision = Literal["granted", "deferred"]
 HealthStatus = Literal["ok", "degraded"]
 
 if get_args(ControlMode) != CONTROLS:  # one source: core.budgeter names the modes
-    raise ImportError(f"sidecar.wire.ControlMode {get_args(ControlMode)} != core.budgeter.CONTROLS {CONTROLS}")
+    raise ImportError(
+        f"sidecar.wire.ControlMode {get_args(ControlMode)} != core.budgeter.CONTROLS {CONTROLS}"
+    )
 if get_args(SessionState) != SESSION_STATES:
-    raise ImportError(f"sidecar.wire.SessionState {get_args(SessionState)} != core.budgeter.SESSION_STATES "
-                      f"{SESSION_STATES}")
+    raise ImportError(
+        f"sidecar.wire.SessionState {get_args(SessionState)} != core.budgeter.SESSION_STATES {SESSION_STATES}"
+    )
 if get_args(SessionDocState) != (*SESSION_STATES, "ended"):
     raise ImportError("sidecar.wire.SessionDocState must be core.budgeter.SESSION_STATES plus 'ended'")
 
@@ -302,8 +305,26 @@ class HealthDoc(Wire):
 
 
 __all__ = [
-    "AuditEntry", "BacklogDoc", "BudgeterDoc", "CompactionDecision", "CompactionStateDoc", "ControlMode",
-    "DecisionDoc", "HealthDoc", "HealthStatus", "LastTurnsDoc", "Percentiles", "ReuseDoc", "SessionDoc",
-    "SessionDocState", "SessionState", "SessionsPage", "StateDoc", "StateSession", "TrafficDoc", "TurnDoc", "TurnsPage",
+    "AuditEntry",
+    "BacklogDoc",
+    "BudgeterDoc",
+    "CompactionDecision",
+    "CompactionStateDoc",
+    "ControlMode",
+    "DecisionDoc",
+    "HealthDoc",
+    "HealthStatus",
+    "LastTurnsDoc",
+    "Percentiles",
+    "ReuseDoc",
+    "SessionDoc",
+    "SessionDocState",
+    "SessionState",
+    "SessionsPage",
+    "StateDoc",
+    "StateSession",
+    "TrafficDoc",
+    "TurnDoc",
+    "TurnsPage",
     "Wire",
 ]

@@ -16,24 +16,69 @@ log = logging.getLogger("simulator")
 # The module is imported when the parser is built; the command gets the parsed arguments and returns
 # the exit status.
 SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
-    ("serve", "the simulated engine behind a vLLM-compatible HTTP API",
-     "simulator.serve_cli", "add_serve_arguments", "serve_command"),
-    ("loadgen", "closed-loop agent sessions (and optional RAG) through the sidecar",
-     "simulator.loadgen", "add_arguments", "loadgen_command"),
-    ("run", "one offline run of a scenario under a control (--fit: the cost model fitted to a real engine)",
-     "simulator.fit", "add_run_with_fit_arguments", "run_with_fit_command"),
-    ("table3", "pairs and the five controls across seeds (the published table 3)",
-     "simulator.experiments", "add_table3_arguments", "table3_command"),
-    ("compaction", "rag-storm: request-count compaction trigger vs the compaction gate",
-     "simulator.compaction_experiment", "add_compaction_arguments", "compaction_command"),
-    ("live-run", "agent workloads against a real engine through the sidecar, in wall-clock time",
-     "simulator.live_run", "add_arguments", "live_run_command"),
-    ("fit", "probe a real engine and fit the cost model and pool (fit.json)",
-     "simulator.fit", "add_fit_arguments", "fit_command"),
-    ("replay", "what would have happened had the control switched at T, from an incident bundle",
-     "simulator.replay", "add_arguments", "command"),
-    ("warning-eval", "lead time and false alarms of the collapse-risk warning across the tipping point",
-     "simulator.warning_eval", "add_arguments", "command"),
+    (
+        "serve",
+        "the simulated engine behind a vLLM-compatible HTTP API",
+        "simulator.serve_cli",
+        "add_serve_arguments",
+        "serve_command",
+    ),
+    (
+        "loadgen",
+        "closed-loop agent sessions (and optional RAG) through the sidecar",
+        "simulator.loadgen",
+        "add_arguments",
+        "loadgen_command",
+    ),
+    (
+        "run",
+        "one offline run of a scenario under a control (--fit: the cost model fitted to a real engine)",
+        "simulator.fit",
+        "add_run_with_fit_arguments",
+        "run_with_fit_command",
+    ),
+    (
+        "table3",
+        "pairs and the five controls across seeds (the published table 3)",
+        "simulator.experiments",
+        "add_table3_arguments",
+        "table3_command",
+    ),
+    (
+        "compaction",
+        "rag-storm: request-count compaction trigger vs the compaction gate",
+        "simulator.compaction_experiment",
+        "add_compaction_arguments",
+        "compaction_command",
+    ),
+    (
+        "live-run",
+        "agent workloads against a real engine through the sidecar, in wall-clock time",
+        "simulator.live_run",
+        "add_arguments",
+        "live_run_command",
+    ),
+    (
+        "fit",
+        "probe a real engine and fit the cost model and pool (fit.json)",
+        "simulator.fit",
+        "add_fit_arguments",
+        "fit_command",
+    ),
+    (
+        "replay",
+        "what would have happened had the control switched at T, from an incident bundle",
+        "simulator.replay",
+        "add_arguments",
+        "command",
+    ),
+    (
+        "warning-eval",
+        "lead time and false alarms of the collapse-risk warning across the tipping point",
+        "simulator.warning_eval",
+        "add_arguments",
+        "command",
+    ),
 ]
 
 
@@ -52,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.func(args) or 0)
     except SimConfigError as exc:

@@ -35,12 +35,33 @@ CONTROLS = ("off", "admission-only", "latency-park", "session-cap-park", "budget
 
 
 # ------------------------------------------------------------------ series
-SERIES_FIELDS = ("t", "engine_hit_ratio", "token_weighted", "request_weighted", "turns_per_s",
-                 "sessions_in_system", "parked", "waiting_sessions", "admitted", "kv_usage", "kv_resident",
-                 "demand_tokens", "running", "waiting", "preemptions", "turns", "prompt_tokens", "cached_tokens",
-                 "hit_turns", "engine_queries", "engine_hits",
-                 # cumulative engine counters, as vLLM exports them (core.risk's engine-only inputs)
-                 "engine_prompt_tokens", "engine_cached_tokens", "generation_tokens")
+SERIES_FIELDS = (
+    "t",
+    "engine_hit_ratio",
+    "token_weighted",
+    "request_weighted",
+    "turns_per_s",
+    "sessions_in_system",
+    "parked",
+    "waiting_sessions",
+    "admitted",
+    "kv_usage",
+    "kv_resident",
+    "demand_tokens",
+    "running",
+    "waiting",
+    "preemptions",
+    "turns",
+    "prompt_tokens",
+    "cached_tokens",
+    "hit_turns",
+    "engine_queries",
+    "engine_hits",
+    # cumulative engine counters, as vLLM exports them (core.risk's engine-only inputs)
+    "engine_prompt_tokens",
+    "engine_cached_tokens",
+    "generation_tokens",
+)
 
 
 @dataclass
@@ -103,8 +124,14 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
     horizon = minutes * 60.0
     n_sec = max(1, int(math.ceil(horizon)))
     pool_tokens = cfg.engine.kv_cache_size_tokens
-    budget_cfg = BudgeterConfig(mode="off", low=ctl.low_band, high=ctl.high_band, session_cap=ctl.session_cap,
-                                latency_limit_s=ctl.latency_limit_s, default_output_budget=a.output_budget)
+    budget_cfg = BudgeterConfig(
+        mode="off",
+        low=ctl.low_band,
+        high=ctl.high_band,
+        session_cap=ctl.session_cap,
+        latency_limit_s=ctl.latency_limit_s,
+        default_output_budget=a.output_budget,
+    )
     control_cfg = budget_cfg.replace(mode=control)
     budgeter = Budgeter(budget_cfg, pool_tokens=pool_tokens)
     control_at = ctl.control_start_min * 60.0
@@ -125,7 +152,9 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
     burst_rng = random.Random(f"{seed}-burst")
     if a.burst_process == "uniform" and a.burst_rate > 0:
         n_burst = int(round(a.burst_rate * (b1 - b0)))
-        arrivals.extend(t for k in range(n_burst) if (t := b0 + (k + burst_rng.random()) / a.burst_rate) < horizon)
+        arrivals.extend(
+            t for k in range(n_burst) if (t := b0 + (k + burst_rng.random()) / a.burst_rate) < horizon
+        )
     while a.burst_rate > 0 and a.burst_process == "poisson":
         t += burst_rng.expovariate(a.burst_rate)
         if t >= min(b1, horizon):
@@ -142,8 +171,15 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
     prompt_of = [a.initial_context + k * a.context_growth for k in range(a.turns)]
 
     def forward(sess: _Session, now: float, prompt: int) -> None:
-        req = Request(id=f"{sess.id}-t{sess.turn}", content=sess.content, prompt_tokens=prompt,
-                      max_tokens=a.output_tokens, arrival=now, session=sess.id, tag=sess)
+        req = Request(
+            id=f"{sess.id}-t{sess.turn}",
+            content=sess.content,
+            prompt_tokens=prompt,
+            max_tokens=a.output_tokens,
+            arrival=now,
+            session=sess.id,
+            tag=sess,
+        )
         sess.forwarded_at = now
         engine.add_request(req)
 
@@ -167,14 +203,20 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
             budgeter.end_session(sess.id, now)
             del sessions[sess.id]
             return
-        think = sess.rng.lognormvariate(0.0, a.tool_latency_sigma) * a.tool_latency_mean / math.exp(
-            a.tool_latency_sigma ** 2 / 2)
+        think = (
+            sess.rng.lognormvariate(0.0, a.tool_latency_sigma)
+            * a.tool_latency_mean
+            / math.exp(a.tool_latency_sigma**2 / 2)
+        )
         loop.push(now + think, submit, sess)
 
     def arrive(now: float, i: int) -> None:
         sid = f"s{i}"
-        sess = _Session(sid, SegmentContent([(sys_label, a.system_prompt_tokens), (("s", sid), 1 << 40)]),
-                        random.Random(f"{seed}-session-{i}"))
+        sess = _Session(
+            sid,
+            SegmentContent([(sys_label, a.system_prompt_tokens), (("s", sid), 1 << 40)]),
+            random.Random(f"{seed}-session-{i}"),
+        )
         sessions[sid] = sess
         submit(now, sess)
 
@@ -201,7 +243,9 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
         series["admitted"].append(counts["admitted"])
         series["kv_usage"].append(round(engine.kv_usage, 4))
         pool = engine.pool
-        series["kv_resident"].append(round(1 - (pool.num_free() - pool.num_cached_free()) / pool.num_blocks, 4))
+        series["kv_resident"].append(
+            round(1 - (pool.num_free() - pool.num_cached_free()) / pool.num_blocks, 4)
+        )
         series["demand_tokens"].append(budgeter.demand_tokens())
         series["running"].append(len(engine.running))
         series["waiting"].append(len(engine.waiting))
@@ -227,22 +271,37 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
     window = 60
     series["token_weighted"] = _ratio(_trailing(raw.cached, window), _trailing(raw.prompt, window))
     series["request_weighted"] = _ratio(_trailing(raw.hit_turns, window), _trailing(raw.turns, window))
-    series["engine_hit_ratio"] = _ratio(_trailing(series["engine_hits"], window),
-                                        _trailing(series["engine_queries"], window))
+    series["engine_hit_ratio"] = _ratio(
+        _trailing(series["engine_hits"], window), _trailing(series["engine_queries"], window)
+    )
     series["turns_per_s"] = [round(v / window, 4) for v in _trailing(raw.turns, window)]
-    verdict = judge_run(raw.prompt, raw.cached, raw.turns, series["sessions_in_system"],
-                        control_start_min=ctl.control_start_min, minutes=minutes)
+    verdict = judge_run(
+        raw.prompt,
+        raw.cached,
+        raw.turns,
+        series["sessions_in_system"],
+        control_start_min=ctl.control_start_min,
+        minutes=minutes,
+    )
     summary = verdict.as_dict()
     st = engine.stats
-    summary.update({
-        "wall_s": round(wall_s, 4),
-        "sim_minutes_per_wall_s": round(minutes / wall_s, 1) if wall_s > 0 else None,
-        "offered_turns_per_s": round((a.arrival_rate + a.burst_rate * a.burst_minutes * 60 / horizon) * a.turns, 4),
-        "steady_offered_turns_per_s": round(a.arrival_rate * a.turns, 4),  # the load offered after the burst
-        "engine_steps": st.steps,
-        "preemptions": st.preemptions,
-        "evicted_blocks": engine.pool.evictions(),
-        "engine_hit_ratio_total": round(st.prefix_hits / st.prefix_queries, 4) if st.prefix_queries else None,
-        "sessions_arrived": len(arrivals),
-    })
+    summary.update(
+        {
+            "wall_s": round(wall_s, 4),
+            "sim_minutes_per_wall_s": round(minutes / wall_s, 1) if wall_s > 0 else None,
+            "offered_turns_per_s": round(
+                (a.arrival_rate + a.burst_rate * a.burst_minutes * 60 / horizon) * a.turns, 4
+            ),
+            "steady_offered_turns_per_s": round(
+                a.arrival_rate * a.turns, 4
+            ),  # the load offered after the burst
+            "engine_steps": st.steps,
+            "preemptions": st.preemptions,
+            "evicted_blocks": engine.pool.evictions(),
+            "engine_hit_ratio_total": round(st.prefix_hits / st.prefix_queries, 4)
+            if st.prefix_queries
+            else None,
+            "sessions_arrived": len(arrivals),
+        }
+    )
     return {"series": series, "summary": summary}

@@ -38,15 +38,21 @@ def compaction_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    return compaction_experiment(args.runs, args.seed_base, args.minutes, overrides, args.exact, args.out,
-                                 worker_count(args.jobs))
+    return compaction_experiment(
+        args.runs, args.seed_base, args.minutes, overrides, args.exact, args.out, worker_count(args.jobs)
+    )
 
 
 def _job(job: tuple[str, int, float, dict[str, str], bool]) -> dict[str, Any]:
     trigger, seed, minutes, overrides, exact = job
     res = run_scenario("rag-storm", "off", seed, minutes, {**overrides, "compaction_trigger": trigger}, exact)
-    return {"trigger": trigger, "seed": seed, "summary": res["summary"], "series": res["series"],
-            "config": res["config"]}
+    return {
+        "trigger": trigger,
+        "seed": seed,
+        "summary": res["summary"],
+        "series": res["series"],
+        "config": res["config"],
+    }
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -54,8 +60,9 @@ def _mean(values: list[float | None]) -> float | None:
     return round(sum(vals) / len(vals), 4) if vals else None
 
 
-def compaction_experiment(runs: int, seed_base: int, minutes: float, overrides: dict[str, str], exact: bool,
-                          out: Path, jobs: int) -> int:
+def compaction_experiment(
+    runs: int, seed_base: int, minutes: float, overrides: dict[str, str], exact: bool, out: Path, jobs: int
+) -> int:
     from tqdm import tqdm
 
     triggers = ("none", "naive", "gate")
@@ -82,9 +89,12 @@ def compaction_experiment(runs: int, seed_base: int, minutes: float, overrides: 
             "subtree_storm_cost": _mean([s["subtree_storm"]["relative_input_cost"] for s in sm]),
             "subtree_after_storm_R_t": _mean([s["subtree_after_storm"]["token_weighted"] for s in sm]),
             "R_t_after_compaction": _mean([s["token_weighted_after_compaction"] for s in sm]),
-            "R_t_two_cycles_after_compaction": _mean([s["token_weighted_two_cycles_after_compaction"] for s in sm]),
-            "R_t_two_cycles_after_each_compaction": [s["token_weighted_two_cycles_after_each_compaction"]
-                                                     for s in sm],
+            "R_t_two_cycles_after_compaction": _mean(
+                [s["token_weighted_two_cycles_after_compaction"] for s in sm]
+            ),
+            "R_t_two_cycles_after_each_compaction": [
+                s["token_weighted_two_cycles_after_each_compaction"] for s in sm
+            ],
             "compaction_cycle_s": _mean([s["compaction_cycle_s"] for s in sm]),
             "subtree_storm_window_R_t_min": [s["subtree_storm_window_R_t_min"] for s in sm],
             "subtree_cost_window_1_after_storm": _mean([s["subtree_cost_window_1_after_storm"] for s in sm]),
@@ -105,30 +115,45 @@ def compaction_markdown(t: dict[str, Any]) -> str:
     def f(v: Any) -> str:
         return "—" if v is None else f"{v:.2f}"
 
-    lines = [f"`rag-storm`, {t['runs']} seeds from {t['seed_base']}, {t['minutes']:g} simulated minutes "
-             "(means over seeds). Steady = before the storm; storm columns cover the storm window; "
-             "subtree = document-set traffic, the traffic compaction rewrites.", "",
-             "| trigger | compactions (storm) | steady R_t / R_r | storm R_t / R_r / D | subtree R_t in storm | "
-             "subtree R_t after each compaction | subtree relative input cost in storm |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`rag-storm`, {t['runs']} seeds from {t['seed_base']}, {t['minutes']:g} simulated minutes "
+        "(means over seeds). Steady = before the storm; storm columns cover the storm window; "
+        "subtree = document-set traffic, the traffic compaction rewrites.",
+        "",
+        "| trigger | compactions (storm) | steady R_t / R_r | storm R_t / R_r / D | subtree R_t in storm | "
+        "subtree R_t after each compaction | subtree relative input cost in storm |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for trig in ("none", "naive", "gate"):
         d = t[trig]
         comp = sum(d["compactions"]) / max(1, len(d["compactions"]))
         comp_storm = sum(d["compactions_in_storm"]) / max(1, len(d["compactions_in_storm"]))
-        lines.append(f"| {trig} | {comp:.1f} ({comp_storm:.1f}) | {f(d['steady_R_t'])} / {f(d['steady_R_r'])} | "
-                     f"{f(d['storm_R_t'])} / {f(d['storm_R_r'])} / {f(d['storm_D'])} | {f(d['subtree_storm_R_t'])} | "
-                     f"{f(d['R_t_after_compaction'])} | {f(d['subtree_storm_cost'])} |")
-    lines += ["", "Subtree traffic around the compactions (R_t token-weighted; cost relative to uncached input; "
-              "a window is the reuse window, 60 s):", "",
-              "| trigger | lowest storm window R_t (per seed) | R_t over two cycles after each mid-storm compaction "
-              "(cycle) | cost, 1st / 2nd window after the storm |", "|---|---|---|---|"]
+        lines.append(
+            f"| {trig} | {comp:.1f} ({comp_storm:.1f}) | {f(d['steady_R_t'])} / {f(d['steady_R_r'])} | "
+            f"{f(d['storm_R_t'])} / {f(d['storm_R_r'])} / {f(d['storm_D'])} | {f(d['subtree_storm_R_t'])} | "
+            f"{f(d['R_t_after_compaction'])} | {f(d['subtree_storm_cost'])} |"
+        )
+    lines += [
+        "",
+        "Subtree traffic around the compactions (R_t token-weighted; cost relative to uncached input; "
+        "a window is the reuse window, 60 s):",
+        "",
+        "| trigger | lowest storm window R_t (per seed) | R_t over two cycles after each mid-storm compaction "
+        "(cycle) | cost, 1st / 2nd window after the storm |",
+        "|---|---|---|---|",
+    ]
     for trig in ("naive", "gate"):
         d = t[trig]
         lows = ", ".join(f(v) for v in d["subtree_storm_window_R_t_min"])
         cycle = "—" if d["compaction_cycle_s"] is None else f"{d['compaction_cycle_s']:.0f} s"
-        lines.append(f"| {trig} | {lows} | {f(d['R_t_two_cycles_after_compaction'])} ({cycle}) | "
-                     f"{f(d['subtree_cost_window_1_after_storm'])} / {f(d['subtree_cost_window_2_after_storm'])} |")
+        lines.append(
+            f"| {trig} | {lows} | {f(d['R_t_two_cycles_after_compaction'])} ({cycle}) | "
+            f"{f(d['subtree_cost_window_1_after_storm'])} / {f(d['subtree_cost_window_2_after_storm'])} |"
+        )
     fewer = t.get("gate_fewer_compactions")
     if fewer is not None:
-        lines += ["", f"The gate ran {fewer:.0%} fewer compactions than the request-count trigger over the run."]
+        lines += [
+            "",
+            f"The gate ran {fewer:.0%} fewer compactions than the request-count trigger over the run.",
+        ]
     return "\n".join(lines) + "\n"

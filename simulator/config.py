@@ -49,7 +49,9 @@ class CostModel:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            _check(math.isfinite(value) and value >= 0, f"{f.name} must be a finite number >= 0, got {value!r}")
+            _check(
+                math.isfinite(value) and value >= 0, f"{f.name} must be a finite number >= 0, got {value!r}"
+            )
 
     def prefill_time(self, start: int, n: int) -> float:
         return n * (self.prefill_per_token_s + self.prefill_attention_s * (start + n / 2))
@@ -75,10 +77,14 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size!r}")
-        _check(self.pool_tokens >= self.block_size * 4,
-               f"pool_tokens must hold at least 4 blocks ({self.block_size * 4}), got {self.pool_tokens!r}")
-        _check(self.max_num_batched_tokens >= 1,
-               f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens!r}")
+        _check(
+            self.pool_tokens >= self.block_size * 4,
+            f"pool_tokens must hold at least 4 blocks ({self.block_size * 4}), got {self.pool_tokens!r}",
+        )
+        _check(
+            self.max_num_batched_tokens >= 1,
+            f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens!r}",
+        )
         _check(self.max_num_seqs >= 1, f"max_num_seqs must be >= 1, got {self.max_num_seqs!r}")
         _check(0.0 <= self.watermark < 1.0, f"watermark must be in [0, 1), got {self.watermark!r}")
         _check(self.offload_tokens >= 0, f"offload_tokens must be >= 0, got {self.offload_tokens!r}")
@@ -110,12 +116,20 @@ class AgentWorkload:
     burst_process: str = "uniform"
     turns: int = 40  # calibrated (SIMULATOR.md: 36): see docs/simulator-results.md
     system_prompt_tokens: int = 2000
-    initial_context: int = 6600  # first turn's prompt, system prompt included; calibrated (SIMULATOR.md: 4.6K)
-    context_growth: int = 800  # prompt growth per turn (previous output + new tool/user text); calibrated (1K)
+    initial_context: int = (
+        6600  # first turn's prompt, system prompt included; calibrated (SIMULATOR.md: 4.6K)
+    )
+    context_growth: int = (
+        800  # prompt growth per turn (previous output + new tool/user text); calibrated (1K)
+    )
     output_tokens: int = 150  # calibrated (SIMULATOR.md: 200): see docs/simulator-results.md
-    tool_latency_mean: float = 1.5  # s, lognormal; calibrated (SIMULATOR.md: ~3 s): see docs/simulator-results.md
+    tool_latency_mean: float = (
+        1.5  # s, lognormal; calibrated (SIMULATOR.md: ~3 s): see docs/simulator-results.md
+    )
     tool_latency_sigma: float = 0.5  # of the underlying normal
-    output_budget: int = _BUDGETER.default_output_budget  # what the client declares (max_tokens) to the budgeter
+    output_budget: int = (
+        _BUDGETER.default_output_budget
+    )  # what the client declares (max_tokens) to the budgeter
     flush_at_min: float = -1.0  # prefix-cache flush with preemption at this minute (< 0: none)
 
     def __post_init__(self) -> None:
@@ -123,17 +137,25 @@ class AgentWorkload:
         _check(self.burst_rate >= 0, f"burst_rate must be >= 0, got {self.burst_rate!r}")
         _check(self.burst_minutes >= 0, f"burst_minutes must be >= 0, got {self.burst_minutes!r}")
         _check(self.turns >= 1, f"turns must be >= 1, got {self.turns!r}")
-        _check(self.burst_process in ("poisson", "uniform"),
-               f"burst_process must be poisson or uniform, got {self.burst_process!r}")
+        _check(
+            self.burst_process in ("poisson", "uniform"),
+            f"burst_process must be poisson or uniform, got {self.burst_process!r}",
+        )
         _check(self.output_tokens >= 1, f"output_tokens must be >= 1, got {self.output_tokens!r}")
-        _check(self.initial_context > self.system_prompt_tokens >= 0,
-               f"initial_context ({self.initial_context!r}) must exceed system_prompt_tokens "
-               f"({self.system_prompt_tokens!r})")
-        _check(self.context_growth > self.output_tokens,
-               f"context_growth ({self.context_growth!r}) must exceed output_tokens ({self.output_tokens!r}): "
-               "each turn appends the previous answer plus new text")
+        _check(
+            self.initial_context > self.system_prompt_tokens >= 0,
+            f"initial_context ({self.initial_context!r}) must exceed system_prompt_tokens "
+            f"({self.system_prompt_tokens!r})",
+        )
+        _check(
+            self.context_growth > self.output_tokens,
+            f"context_growth ({self.context_growth!r}) must exceed output_tokens ({self.output_tokens!r}): "
+            "each turn appends the previous answer plus new text",
+        )
         _check(self.tool_latency_mean > 0, f"tool_latency_mean must be > 0, got {self.tool_latency_mean!r}")
-        _check(self.tool_latency_sigma >= 0, f"tool_latency_sigma must be >= 0, got {self.tool_latency_sigma!r}")
+        _check(
+            self.tool_latency_sigma >= 0, f"tool_latency_sigma must be >= 0, got {self.tool_latency_sigma!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -150,7 +172,9 @@ class RagWorkload:
 
     # The preset follows the published mechanism; the sweep that chose it is in docs/simulator-results.md
     # ("The RAG compaction storm"). Steady: document traffic only, R_t ~0.71 / R_r ~0.93.
-    rag_rate: float = 0.5  # document-set requests/s, Poisson (open loop); 30 per minute keeps the regime judged
+    rag_rate: float = (
+        0.5  # document-set requests/s, Poisson (open loop); 30 per minute keeps the regime judged
+    )
     rag_head_tokens: int = 64
     rag_system_tokens: int = 1000  # preamble included
     doc_sets: int = 8  # a small set of document sets (subtrees)
@@ -162,7 +186,9 @@ class RagWorkload:
     storm_start_min: float = 10.0
     storm_minutes: float = 10.0
     storm_rate: float = 8.0  # extra storm requests/s: ~94% of the storm's requests, ~89% of its tokens
-    storm_query_tokens: int = 2400  # a distinct retrieval (a few document chunks) + question below the preamble
+    storm_query_tokens: int = (
+        2400  # a distinct retrieval (a few document chunks) + question below the preamble
+    )
     storm_cold_fraction: float = 0.10
     storm_output_tokens: int = 30
     compaction_trigger: str = "naive"  # "naive" (every N requests), "gate" (core.compaction), "none"
@@ -184,17 +210,27 @@ class RagWorkload:
     def __post_init__(self) -> None:
         _check(self.rag_rate >= 0, f"rag_rate must be >= 0, got {self.rag_rate!r}")
         _check(self.doc_sets >= 1, f"doc_sets must be >= 1, got {self.doc_sets!r}")
-        _check(0 < self.rag_head_tokens < self.rag_system_tokens,
-               f"rag_head_tokens ({self.rag_head_tokens!r}) must be in (0, rag_system_tokens)")
+        _check(
+            0 < self.rag_head_tokens < self.rag_system_tokens,
+            f"rag_head_tokens ({self.rag_head_tokens!r}) must be in (0, rag_system_tokens)",
+        )
         _check(0 <= self.cold_fraction <= 1, f"cold_fraction must be in [0, 1], got {self.cold_fraction!r}")
-        _check(0 <= self.storm_cold_fraction <= 1,
-               f"storm_cold_fraction must be in [0, 1], got {self.storm_cold_fraction!r}")
-        _check(self.compaction_trigger in ("naive", "gate", "none"),
-               f"compaction_trigger must be naive, gate or none, got {self.compaction_trigger!r}")
-        _check(self.gate_asks in ("per-subtree", "all-due"),
-               f"gate_asks must be per-subtree or all-due, got {self.gate_asks!r}")
+        _check(
+            0 <= self.storm_cold_fraction <= 1,
+            f"storm_cold_fraction must be in [0, 1], got {self.storm_cold_fraction!r}",
+        )
+        _check(
+            self.compaction_trigger in ("naive", "gate", "none"),
+            f"compaction_trigger must be naive, gate or none, got {self.compaction_trigger!r}",
+        )
+        _check(
+            self.gate_asks in ("per-subtree", "all-due"),
+            f"gate_asks must be per-subtree or all-due, got {self.gate_asks!r}",
+        )
         _check(self.compaction_every >= 1, f"compaction_every must be >= 1, got {self.compaction_every!r}")
-        _check(self.compaction_check_s > 0, f"compaction_check_s must be > 0, got {self.compaction_check_s!r}")
+        _check(
+            self.compaction_check_s > 0, f"compaction_check_s must be > 0, got {self.compaction_check_s!r}"
+        )
         _check(0 <= self.cached_price <= 1, f"cached_price must be in [0, 1], got {self.cached_price!r}")
 
 
@@ -210,8 +246,10 @@ class ControlConfig:
 
     def __post_init__(self) -> None:
         _check(self.control_start_min >= 0, f"control_start_min must be >= 0, got {self.control_start_min!r}")
-        _check(0 < self.low_band < self.high_band <= 1,
-               f"low band must be below high band, both in (0, 1], got {self.low_band!r} >= {self.high_band!r}")
+        _check(
+            0 < self.low_band < self.high_band <= 1,
+            f"low band must be below high band, both in (0, 1], got {self.low_band!r} >= {self.high_band!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -275,7 +313,9 @@ def apply_overrides(config: SimConfig, overrides: dict[str, Any]) -> SimConfig:
     result = config
     for section, values in changes.items():
         try:
-            result = dataclasses.replace(result, **{section: dataclasses.replace(getattr(result, section), **values)})
+            result = dataclasses.replace(
+                result, **{section: dataclasses.replace(getattr(result, section), **values)}
+            )
         except TypeError as exc:
             raise SimConfigError(str(exc)) from None
     return result

@@ -29,8 +29,32 @@ CHARS_PER_TOKEN = 4
 VOCAB_SIZE = 151_936
 
 # the vocabulary of every generated text (load generator prompts, the live server's answers)
-WORDS = ("alpha", "build", "commit", "diff", "error", "fix", "grep", "hash", "index", "json", "kernel", "lint",
-         "merge", "node", "output", "patch", "query", "repo", "stack", "test", "unit", "value", "write", "yaml")
+WORDS = (
+    "alpha",
+    "build",
+    "commit",
+    "diff",
+    "error",
+    "fix",
+    "grep",
+    "hash",
+    "index",
+    "json",
+    "kernel",
+    "lint",
+    "merge",
+    "node",
+    "output",
+    "patch",
+    "query",
+    "repo",
+    "stack",
+    "test",
+    "unit",
+    "value",
+    "write",
+    "yaml",
+)
 
 Span = tuple[Hashable, int, int]  # (label, first block, end block), keys (label, i) for i in [first, end)
 
@@ -68,7 +92,7 @@ def tokenize(text: str) -> list[int]:
     """Deterministic, prefix-stable token ids: token j depends only on characters [4j, 4j+4)."""
     ids = []
     for j in range(0, len(text), CHARS_PER_TOKEN):
-        digest = hashlib.blake2b(text[j:j + CHARS_PER_TOKEN].encode(), digest_size=4).digest()
+        digest = hashlib.blake2b(text[j : j + CHARS_PER_TOKEN].encode(), digest_size=4).digest()
         ids.append(int.from_bytes(digest, "little") % VOCAB_SIZE)
     return ids
 
@@ -115,7 +139,9 @@ class TextContent(Content):
         self._keys: list[bytes] = []
         parent = b""
         for j in range(len(text) // width):
-            parent = hashlib.blake2b(parent + text[j * width:(j + 1) * width].encode(), digest_size=16).digest()
+            parent = hashlib.blake2b(
+                parent + text[j * width : (j + 1) * width].encode(), digest_size=16
+            ).digest()
             self._keys.append(parent)
 
     def spans(self, first: int, end: int, block_size: int) -> Iterator[Span]:

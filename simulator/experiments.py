@@ -25,8 +25,10 @@ from simulator.plots import plot_rag, plot_run, plot_table3
 
 log = logging.getLogger(__name__)
 
-BAND_VARIANTS = {"budgeter-park (65/85)": {"low_band": 0.65, "high_band": 0.85},
-                 "budgeter-park (85/98)": {"low_band": 0.85, "high_band": 0.98}}
+BAND_VARIANTS = {
+    "budgeter-park (65/85)": {"low_band": 0.65, "high_band": 0.85},
+    "budgeter-park (85/98)": {"low_band": 0.85, "high_band": 0.98},
+}
 
 
 # ------------------------------------------------------------------ helpers
@@ -40,8 +42,13 @@ def _write_json(path: Path, data: Any) -> None:
 
 # ------------------------------------------------------------------ run
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="workload, engine, cost or control setting (repeatable); see docs/simulator.md")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="workload, engine, cost or control setting (repeatable); see docs/simulator.md",
+    )
     p.add_argument("--exact", action="store_true", help="exact per-block, per-step engine (the reference)")
 
 
@@ -57,22 +64,28 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 def one_line(result: dict[str, Any]) -> str:
     s = result["summary"]
     if scenario(result["scenario"]).model == "rag":
-        return (f"{result['scenario']} seed={result['seed']} trigger={s.get('trigger')} R_t={s.get('token_weighted')} "
-                f"R_r={s.get('request_weighted')} D={s.get('divergence')} compactions={s.get('compactions')} "
-                f"R_t_after_compaction={s.get('token_weighted_after_compaction')} "
-                f"relative_input_cost={s.get('relative_input_cost')} wall_s={s.get('wall_s')}")
-    return (f"{result['scenario']} control={result['control']} seed={result['seed']} minutes={result['minutes']:g} "
-            f"collapsed={s['collapsed']} recovered={s['recovered']} minutes_to_recover={s['minutes_to_recover']} "
-            f"end_hit_ratio={s['end_hit_ratio']} end_turns_per_s={s['end_turns_per_s']} "
-            f"steady_offered_turns_per_s={s['steady_offered_turns_per_s']} "
-            f"sessions_in_system={s['end_sessions_in_system']:g} wall_s={s['wall_s']} "
-            f"({s.get('sim_minutes_per_wall_s')} sim-min/wall-s, {result['mode']})")
+        return (
+            f"{result['scenario']} seed={result['seed']} trigger={s.get('trigger')} R_t={s.get('token_weighted')} "
+            f"R_r={s.get('request_weighted')} D={s.get('divergence')} compactions={s.get('compactions')} "
+            f"R_t_after_compaction={s.get('token_weighted_after_compaction')} "
+            f"relative_input_cost={s.get('relative_input_cost')} wall_s={s.get('wall_s')}"
+        )
+    return (
+        f"{result['scenario']} control={result['control']} seed={result['seed']} minutes={result['minutes']:g} "
+        f"collapsed={s['collapsed']} recovered={s['recovered']} minutes_to_recover={s['minutes_to_recover']} "
+        f"end_hit_ratio={s['end_hit_ratio']} end_turns_per_s={s['end_turns_per_s']} "
+        f"steady_offered_turns_per_s={s['steady_offered_turns_per_s']} "
+        f"sessions_in_system={s['end_sessions_in_system']:g} wall_s={s['wall_s']} "
+        f"({s.get('sim_minutes_per_wall_s')} sim-min/wall-s, {result['mode']})"
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
     try:
         overrides = parse_set_args(args.set)
-        result = run_scenario(args.scenario, args.control, args.seed, args.minutes, overrides, exact=args.exact)
+        result = run_scenario(
+            args.scenario, args.control, args.seed, args.minutes, overrides, exact=args.exact
+        )
     except SimConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -94,8 +107,11 @@ def add_table3_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--minutes", type=float, default=90.0)
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--pairs-only", action="store_true",
-                   help="only the pairs (agent-steady and agent-burst under off): a cheap calibration sweep")
+    p.add_argument(
+        "--pairs-only",
+        action="store_true",
+        help="only the pairs (agent-steady and agent-burst under off): a cheap calibration sweep",
+    )
     add_common(p)
 
 
@@ -105,12 +121,25 @@ def _table3_job(job: tuple[str, str, str, int, float, dict[str, str], bool]) -> 
     result = run_scenario(scenario, control, seed, minutes, overrides, exact=exact)
     s = result["series"]
     keep = {k: s[k] for k in ("t", "token_weighted", "turns_per_s", "sessions_in_system", "parked")}
-    return {"row": row, "scenario": scenario, "control": control, "seed": seed, "summary": result["summary"],
-            "series": keep, "control_start_min": result["config"]["control"]["control_start_min"]}
+    return {
+        "row": row,
+        "scenario": scenario,
+        "control": control,
+        "seed": seed,
+        "summary": result["summary"],
+        "series": keep,
+        "control_start_min": result["config"]["control"]["control_start_min"],
+    }
 
 
-def table3_jobs(runs: int, seed_base: int, minutes: float, overrides: dict[str, str],
-                exact: bool, pairs_only: bool = False) -> list[tuple[str, str, str, int, float, dict[str, str], bool]]:
+def table3_jobs(
+    runs: int,
+    seed_base: int,
+    minutes: float,
+    overrides: dict[str, str],
+    exact: bool,
+    pairs_only: bool = False,
+) -> list[tuple[str, str, str, int, float, dict[str, str], bool]]:
     jobs = []
     for seed in range(seed_base, seed_base + runs):
         jobs.append(("pair-steady", "agent-steady", "off", seed, minutes, overrides, exact))
@@ -125,7 +154,9 @@ def table3_jobs(runs: int, seed_base: int, minutes: float, overrides: dict[str, 
     return jobs
 
 
-def summarize_table3(results: Iterable[dict[str, Any]], runs: int, seed_base: int, minutes: float) -> dict[str, Any]:
+def summarize_table3(
+    results: Iterable[dict[str, Any]], runs: int, seed_base: int, minutes: float
+) -> dict[str, Any]:
     by_row: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         by_row.setdefault(r["row"], []).append(r)
@@ -141,7 +172,9 @@ def summarize_table3(results: Iterable[dict[str, Any]], runs: int, seed_base: in
         "both_degraded": sum(1 for s in seeds if steady[s] and burst[s]),
         "burst_degraded": sum(1 for s in seeds if burst[s]),
         "steady_degraded": sum(1 for s in seeds if steady[s]),
-        "runs": runs, "seed_base": seed_base, "minutes": minutes,
+        "runs": runs,
+        "seed_base": seed_base,
+        "minutes": minutes,
     }
     degraded_end = [r for r in by_row.get("off", []) if r["summary"]["degraded_at_end"]]
     if degraded_end:
@@ -177,23 +210,38 @@ def _fmt_range(values: list[float]) -> str:
 
 
 def table3_markdown(data: dict[str, Any]) -> str:
-    lines = [f"Pairs (seeds {data['seed_base']}..{data['seed_base'] + data['runs'] - 1}, {data['minutes']:g} simulated "
-             "minutes, control `off`, judged degraded at the end of the run):", "",
-             "| pairs | burst only degraded | steady only degraded | both degraded | neither |",
-             "|---|---|---|---|---|"]
-    neither = data["pairs"] - data["burst_only_degraded"] - data["steady_only_degraded"] - data["both_degraded"]
-    lines.append(f"| {data['pairs']} | {data['burst_only_degraded']} | {data['steady_only_degraded']} | "
-                 f"{data['both_degraded']} | {neither} |")
+    lines = [
+        f"Pairs (seeds {data['seed_base']}..{data['seed_base'] + data['runs'] - 1}, {data['minutes']:g} simulated "
+        "minutes, control `off`, judged degraded at the end of the run):",
+        "",
+        "| pairs | burst only degraded | steady only degraded | both degraded | neither |",
+        "|---|---|---|---|---|",
+    ]
+    neither = (
+        data["pairs"] - data["burst_only_degraded"] - data["steady_only_degraded"] - data["both_degraded"]
+    )
+    lines.append(
+        f"| {data['pairs']} | {data['burst_only_degraded']} | {data['steady_only_degraded']} | "
+        f"{data['both_degraded']} | {neither} |"
+    )
     st = data.get("degraded_at_end_stats")
     if st:
-        lines += ["", f"Degraded burst runs at minute {data['minutes']:g}: token_weighted <= "
-                  f"{st['token_weighted_max']:.3f}, turns/s {st['turns_per_s_min']:.2f}–{st['turns_per_s_max']:.2f} "
-                  f"(offered {st['offered_turns_per_s']:g}, {st['steady_offered_turns_per_s']:g} without the burst), "
-                  f"sessions in system slope >= {st['sessions_slope_per_min_min']:+.2f}/min."]
+        lines += [
+            "",
+            f"Degraded burst runs at minute {data['minutes']:g}: token_weighted <= "
+            f"{st['token_weighted_max']:.3f}, turns/s {st['turns_per_s_min']:.2f}–{st['turns_per_s_max']:.2f} "
+            f"(offered {st['offered_turns_per_s']:g}, {st['steady_offered_turns_per_s']:g} without the burst), "
+            f"sessions in system slope >= {st['sessions_slope_per_min_min']:+.2f}/min.",
+        ]
     if data.get("pairs_only"):
         return "\n".join(lines) + "\n"
-    lines += ["", "Controls on `agent-burst`, switched on at minute 20 (only runs collapsed at minute 20 count):", "",
-              "| control | collapsed runs recovered | time to recover (min) | hit ratio at end |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Controls on `agent-burst`, switched on at minute 20 (only runs collapsed at minute 20 count):",
+        "",
+        "| control | collapsed runs recovered | time to recover (min) | hit ratio at end |",
+        "|---|---|---|---|",
+    ]
     for row in [*CONTROLS, *BAND_VARIANTS]:
         d = data[row]
         times = [m for m in d["minutes_to_recover"] if m is not None]
@@ -218,15 +266,25 @@ def table3_command(args: argparse.Namespace) -> int:
     jobs = table3_jobs(args.runs, args.seed_base, args.minutes, overrides, args.exact, args.pairs_only)
     results: list[dict[str, Any]] = []
     with Pool(worker_count(args.jobs)) as pool:
-        for r in tqdm(pool.imap_unordered(_table3_job, jobs), total=len(jobs), desc="table3 runs", unit="run"):
+        for r in tqdm(
+            pool.imap_unordered(_table3_job, jobs), total=len(jobs), desc="table3 runs", unit="run"
+        ):
             results.append(r)
     data = summarize_table3(results, args.runs, args.seed_base, args.minutes)
     data["pairs_only"] = args.pairs_only
     data["commands"] = {"table3": " ".join(["python -m simulator", *sys.argv[1:]])}
     data["run_summaries"] = sorted(
-        ({"row": r["row"], "scenario": r["scenario"], "seed": r["seed"],
-          **{k: v for k, v in r["summary"].items() if k != "degraded_at"}} for r in results),
-        key=lambda d: (d["row"], d["seed"]))
+        (
+            {
+                "row": r["row"],
+                "scenario": r["scenario"],
+                "seed": r["seed"],
+                **{k: v for k, v in r["summary"].items() if k != "degraded_at"},
+            }
+            for r in results
+        ),
+        key=lambda d: (d["row"], d["seed"]),
+    )
     _write_json(out / "table3.json", data)
     md = table3_markdown(data)
     (out / "table3.md").write_text(md)

@@ -47,9 +47,17 @@ from simulator.content import words
 # simulated minutes, a 20480-token pool, contexts within the tiny model's 16K.
 PRESETS: dict[str, dict[str, str]] = {
     "cpu-tiny": {
-        "arrival_rate": "0.06", "burst_start_min": "1.0", "burst_minutes": "0.5",
-        "burst_process": "uniform", "turns": "10", "system_prompt_tokens": "256", "initial_context": "3000",
-        "context_growth": "500", "output_tokens": "16", "tool_latency_mean": "1.0", "tool_latency_sigma": "0.5",
+        "arrival_rate": "0.06",
+        "burst_start_min": "1.0",
+        "burst_minutes": "0.5",
+        "burst_process": "uniform",
+        "turns": "10",
+        "system_prompt_tokens": "256",
+        "initial_context": "3000",
+        "context_growth": "500",
+        "output_tokens": "16",
+        "tool_latency_mean": "1.0",
+        "tool_latency_sigma": "0.5",
         "output_budget": "16",
     },
 }
@@ -103,13 +111,19 @@ class Prober:
 
     async def prefill(self, client: httpx.AsyncClient, n: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        r = await client.post(f"{self.engine}/v1/chat/completions", timeout=600,
-                              json={"model": self.model, "messages": self.prompt(n), "max_tokens": 1})
+        r = await client.post(
+            f"{self.engine}/v1/chat/completions",
+            timeout=600,
+            json={"model": self.model, "messages": self.prompt(n), "max_tokens": 1},
+        )
         dt = time.perf_counter() - t0
         r.raise_for_status()
         usage = r.json()["usage"]
-        return {"prompt_tokens": usage["prompt_tokens"], "cached_tokens":
-                (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0, "seconds": dt}
+        return {
+            "prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+            "seconds": dt,
+        }
 
     async def complete(self, client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int) -> float:
         body = {"model": self.model, "messages": messages, "max_tokens": tokens, "ignore_eos": True}
@@ -118,7 +132,9 @@ class Prober:
         r.raise_for_status()
         return time.perf_counter() - t0
 
-    async def decode(self, client: httpx.AsyncClient, batch: int, ctx: int, short: int, long: int) -> dict[str, float]:
+    async def decode(
+        self, client: httpx.AsyncClient, batch: int, ctx: int, short: int, long: int
+    ) -> dict[str, float]:
         """Step time at ``batch`` x ``ctx``: the same B prompts (cached first, so both runs only hit) answered
         with ``short`` then ``long`` tokens at once; the difference of the slowest answers over
         ``long - short`` decode steps."""
@@ -127,8 +143,11 @@ class Prober:
         times = {}
         for tokens in (short, long):
             times[tokens] = max(await asyncio.gather(*[self.complete(client, p, tokens) for p in prompts]))
-        return {"batch": batch, "ctx": ctx + 10 + (long + short) // 2,
-                "step_s": max(0.0, (times[long] - times[short]) / (long - short))}
+        return {
+            "batch": batch,
+            "ctx": ctx + 10 + (long + short) // 2,
+            "step_s": max(0.0, (times[long] - times[short]) / (long - short)),
+        }
 
 
 async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
@@ -148,7 +167,9 @@ async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
     return {"metrics": metrics, "prefills": prefills, "decodes": decodes, "model": p.model}
 
 
-def fit_from_probes(metrics: str, prefills: list[dict[str, float]], decodes: list[dict[str, float]]) -> dict[str, Any]:
+def fit_from_probes(
+    metrics: str, prefills: list[dict[str, float]], decodes: list[dict[str, float]]
+) -> dict[str, Any]:
     from core.engine_metrics import pool_tokens
 
     pool = pool_tokens(metrics)
@@ -164,17 +185,38 @@ def fit_from_probes(metrics: str, prefills: list[dict[str, float]], decodes: lis
     def pre(n: float) -> float:
         return t0 + alpha * n + beta * n * n / 2
 
-    residuals = [{"prompt_tokens": p["prompt_tokens"], "measured_s": round(p["seconds"], 4),
-                  "fitted_s": round(pre(p["prompt_tokens"]), 4)} for p in prefills]
-    d_res = [{"batch": d["batch"], "ctx": d["ctx"], "measured_s": round(d["step_s"], 5),
-              "fitted_s": round(t0 + gamma * d["batch"] * d["ctx"], 5)} for d in decodes]
-    settings: dict[str, Any] = {"step_overhead_s": round(t0, 6), "prefill_per_token_s": alpha,
-                                "prefill_attention_s": beta, "decode_per_ctx_token_s": gamma, "block_size": block}
+    residuals = [
+        {
+            "prompt_tokens": p["prompt_tokens"],
+            "measured_s": round(p["seconds"], 4),
+            "fitted_s": round(pre(p["prompt_tokens"]), 4),
+        }
+        for p in prefills
+    ]
+    d_res = [
+        {
+            "batch": d["batch"],
+            "ctx": d["ctx"],
+            "measured_s": round(d["step_s"], 5),
+            "fitted_s": round(t0 + gamma * d["batch"] * d["ctx"], 5),
+        }
+        for d in decodes
+    ]
+    settings: dict[str, Any] = {
+        "step_overhead_s": round(t0, 6),
+        "prefill_per_token_s": alpha,
+        "prefill_attention_s": beta,
+        "decode_per_ctx_token_s": gamma,
+        "block_size": block,
+    }
     if pool:
         settings["pool_tokens"] = pool
-    return {"set": {k: (f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in settings.items()},
-            "prefill_residuals": residuals, "decode_residuals": d_res,
-            "miss_to_hit_cost_ratio_at_4k": round(pre(4096) / (t0 + alpha * 300 + beta * 300 * (3796 + 150)), 2)}
+    return {
+        "set": {k: (f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in settings.items()},
+        "prefill_residuals": residuals,
+        "decode_residuals": d_res,
+        "miss_to_hit_cost_ratio_at_4k": round(pre(4096) / (t0 + alpha * 300 + beta * 300 * (3796 + 150)), 2),
+    }
 
 
 def fit_command(args: argparse.Namespace) -> int:
@@ -186,11 +228,21 @@ def fit_command(args: argparse.Namespace) -> int:
         return 1
     result = fit_from_probes(probes["metrics"], probes["prefills"], probes["decodes"])
     if "pool_tokens" not in result["set"]:
-        print(f"error: {args.engine}/metrics has no pool size (vllm:cache_config_info or "
-              "sglang:max_total_num_tokens)", file=sys.stderr)
+        print(
+            f"error: {args.engine}/metrics has no pool size (vllm:cache_config_info or "
+            "sglang:max_total_num_tokens)",
+            file=sys.stderr,
+        )
         return 1
-    result.update({"engine": args.engine, "model": probes["model"], "probe_s": round(time.perf_counter() - t0, 1),
-                   "prefills": probes["prefills"], "decodes": probes["decodes"]})
+    result.update(
+        {
+            "engine": args.engine,
+            "model": probes["model"],
+            "probe_s": round(time.perf_counter() - t0, 1),
+            "prefills": probes["prefills"],
+            "decodes": probes["decodes"],
+        }
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result[k] for k in ("set", "miss_to_hit_cost_ratio_at_4k", "probe_s")}))
@@ -212,7 +264,9 @@ def fit_overrides(path: Path) -> dict[str, str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimConfigError(f"--fit {path}: not a fit.json written by `simulator fit` ({exc})") from None
     if not isinstance(values, dict):
-        raise SimConfigError(f"--fit {path}: 'set' must be an object of simulator settings, got {type(values).__name__}")
+        raise SimConfigError(
+            f"--fit {path}: 'set' must be an object of simulator settings, got {type(values).__name__}"
+        )
     return {str(k): str(v) for k, v in values.items()}
 
 
@@ -230,10 +284,12 @@ def run_with_fit_command(args: argparse.Namespace) -> int:
     from simulator.experiments import run_command
 
     try:
-        extra = {**preset_overrides(args.preset, args.scenario), **(fit_overrides(args.fit) if args.fit else {})}
+        extra = {
+            **preset_overrides(args.preset, args.scenario),
+            **(fit_overrides(args.fit) if args.fit else {}),
+        }
     except SimConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     args.set = [f"{k}={v}" for k, v in extra.items()] + list(args.set)
     return run_command(args)
-

@@ -119,15 +119,23 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
             continue
         doc = r.get("data") if isinstance(r.get("data"), dict) else {}
         since = _num(doc.get("parked_since")) if r["state"] == "parked" else None
-        out.append(StartSession(id=str(r["session_id"]), state=str(r["state"]),
-                                context_tokens=_int(r.get("context_tokens")), turns_done=_int(r.get("turns")),
-                                parked_for_s=max(0.0, now - since) if since is not None else 0.0,
-                                manual=bool(r.get("manual")), pinned=bool(r.get("pinned"))))
+        out.append(
+            StartSession(
+                id=str(r["session_id"]),
+                state=str(r["state"]),
+                context_tokens=_int(r.get("context_tokens")),
+                turns_done=_int(r.get("turns")),
+                parked_for_s=max(0.0, now - since) if since is not None else 0.0,
+                manual=bool(r.get("manual")),
+                pinned=bool(r.get("pinned")),
+            )
+        )
     return tuple(sorted(out, key=lambda s: s.id))
 
 
-def shapes_from_turns(turns: Iterable[Mapping[str, Any]], now: float, present: Iterable[str] = (),
-                      window_s: float = WINDOW_S) -> Shapes:
+def shapes_from_turns(
+    turns: Iterable[Mapping[str, Any]], now: float, present: Iterable[str] = (), window_s: float = WINDOW_S
+) -> Shapes:
     """The workload of the turn rows (``ts``, ``session``, token counts, ``held_s``, ``latency_s``, ``outcome``)."""
     start = now - window_s
     by_session: dict[str, list[Mapping[str, Any]]] = {}
@@ -160,14 +168,26 @@ def shapes_from_turns(turns: Iterable[Mapping[str, Any]], now: float, present: I
             if i == 0:
                 continue
             prev = rows[i - 1]
-            extras.append(max(0, _int(t.get("prompt_tokens")) - _int(prev.get("prompt_tokens"))
-                              - _int(prev.get("completion_tokens"))))
+            extras.append(
+                max(
+                    0,
+                    _int(t.get("prompt_tokens"))
+                    - _int(prev.get("prompt_tokens"))
+                    - _int(prev.get("completion_tokens")),
+                )
+            )
             began = t["ts"] - (_num(t.get("latency_s")) or 0.0) - (_num(t.get("held_s")) or 0.0)
             gaps.append(round(max(0.0, began - prev["ts"]), 6))
-    return Shapes(arrival_rate=len(first_prompts) / window_s, first_prompts=tuple(first_prompts),
-                  extras=tuple(extras), outputs=tuple(outputs), gaps=tuple(gaps),
-                  session_turns=tuple(session_turns),
-                  shared_prefix=int(statistics.median(firsts_cached)) if firsts_cached else 0, turns_seen=seen)
+    return Shapes(
+        arrival_rate=len(first_prompts) / window_s,
+        first_prompts=tuple(first_prompts),
+        extras=tuple(extras),
+        outputs=tuple(outputs),
+        gaps=tuple(gaps),
+        session_turns=tuple(session_turns),
+        shared_prefix=int(statistics.median(firsts_cached)) if firsts_cached else 0,
+        turns_seen=seen,
+    )
 
 
 _COST_KEYS = tuple(f.name for f in fields(CostModel))
@@ -196,7 +216,11 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]]) -> CostModel:
     decode_y: list[float] = []
     prefill: list[tuple[float, float]] = []  # (uncached tokens, seconds before decode)
     for s in samples:
-        itl, running, plen = _num(s.get("itl_p50")), _num(s.get("requests_running")), _num(s.get("prompt_len_p50"))
+        itl, running, plen = (
+            _num(s.get("itl_p50")),
+            _num(s.get("requests_running")),
+            _num(s.get("prompt_len_p50")),
+        )
         e2e, first, olen = _num(s.get("e2e_p50")), _num(s.get("ttft_p50")), _num(s.get("output_len_p50"))
         if itl is None and e2e is not None and first is not None and olen is not None and olen > 1:
             itl = max(0.0, e2e - first) / (olen - 1)  # engines without an inter-token histogram
@@ -211,41 +235,66 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]]) -> CostModel:
         raise ForecastError(
             f"no cost model: no fit file, and too few recorded latencies to estimate one ({len(decode_y)} intervals "
             f"with itl_p50 (or e2e_p50, ttft_p50 and output_len_p50), requests_running and prompt_len_p50; {len(prefill)} with ttft_p50, prompt_len_p50 and "
-            f"engine_hit_ratio; need {MIN_SAMPLES} of each)")
+            f"engine_hit_ratio; need {MIN_SAMPLES} of each)"
+        )
     if len({round(x[1]) for x in decode_x}) > 1:
         t0, gamma = least_squares(decode_x, decode_y)
     else:  # one load level: no slope to separate; all of it per context token
         t0, gamma = 0.0, statistics.median(decode_y) / decode_x[0][1]
     pre = [(n, max(0.0, y - t0)) for n, y in prefill if n > 0]
     alpha = least_squares([[n] for n, _ in pre], [y for _, y in pre])[0] if pre else 0.0
-    return CostModel(step_overhead_s=t0, prefill_per_token_s=alpha, prefill_attention_s=0.0,
-                     decode_per_ctx_token_s=gamma, offload_load_per_token_s=0.0)
+    return CostModel(
+        step_overhead_s=t0,
+        prefill_per_token_s=alpha,
+        prefill_attention_s=0.0,
+        decode_per_ctx_token_s=gamma,
+        offload_load_per_token_s=0.0,
+    )
 
 
-def forecast_inputs(*, pool_tokens: Any, session_rows: Iterable[Mapping[str, Any]],
-                    turn_rows: Iterable[Mapping[str, Any]], latency_samples: Iterable[Mapping[str, Any]],
-                    fit: Mapping[str, Any] | None, current: BudgeterConfig, now: float,
-                    window_s: float = WINDOW_S) -> ForecastInputs:
+def forecast_inputs(
+    *,
+    pool_tokens: Any,
+    session_rows: Iterable[Mapping[str, Any]],
+    turn_rows: Iterable[Mapping[str, Any]],
+    latency_samples: Iterable[Mapping[str, Any]],
+    fit: Mapping[str, Any] | None,
+    current: BudgeterConfig,
+    now: float,
+    window_s: float = WINDOW_S,
+) -> ForecastInputs:
     """Everything a forecast runs on, from the collectors' rows only (``fit``: a fit file's ``set`` or None)."""
     pool = _int(pool_tokens)
     block = BLOCK_SIZE
     if fit is not None and "block_size" in fit:
         block = _int(float(fit["block_size"])) or BLOCK_SIZE
     if pool < 4 * block:
-        raise ForecastError(f"the engine's KV pool size is unknown or too small ({pool_tokens!r} tokens): "
-                            "nothing to simulate against")
+        raise ForecastError(
+            f"the engine's KV pool size is unknown or too small ({pool_tokens!r} tokens): "
+            "nothing to simulate against"
+        )
     rows = list(session_rows)
     sessions = start_sessions(rows, now)
     shapes = shapes_from_turns(turn_rows, now, [str(r["session_id"]) for r in rows], window_s)
     if shapes.turns_seen == 0 and not sessions:
-        raise ForecastError(f"no turns recorded in the last {window_s / 60:g} minutes and no sessions: "
-                            "no workload to draw from")
+        raise ForecastError(
+            f"no turns recorded in the last {window_s / 60:g} minutes and no sessions: "
+            "no workload to draw from"
+        )
     if not shapes.extras or not shapes.gaps or not shapes.outputs:
-        raise ForecastError(f"too few turns recorded in the last {window_s / 60:g} minutes "
-                            f"({shapes.turns_seen}) to draw turn sizes and tool gaps from")
+        raise ForecastError(
+            f"too few turns recorded in the last {window_s / 60:g} minutes "
+            f"({shapes.turns_seen}) to draw turn sizes and tool gaps from"
+        )
     if fit is not None:
         cost, source = cost_from_fit(fit), "fit"
     else:
         cost, source = cost_from_latencies(latency_samples), "latencies"
-    return ForecastInputs(engine=EngineConfig(pool_tokens=pool, block_size=block), cost=cost, cost_source=source,
-                          sessions=sessions, shapes=shapes, output_budget=current.default_output_budget)
+    return ForecastInputs(
+        engine=EngineConfig(pool_tokens=pool, block_size=block),
+        cost=cost,
+        cost_source=source,
+        sessions=sessions,
+        shapes=shapes,
+        output_budget=current.default_output_budget,
+    )

@@ -92,8 +92,13 @@ def _total_turns(rng: random.Random, totals: tuple[int, ...], done: int) -> int:
     return rng.choice(above) - done if above else 1
 
 
-def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float, seed: int = 0,
-                 progress: Progress | None = None) -> dict[str, Any]:
+def run_forecast(
+    inputs: ForecastInputs,
+    config: BudgeterConfig,
+    minutes: float,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Simulate ``minutes`` under ``config``; returns ``{"summary": {...}, "series": {...}}`` (see the module doc)."""
     sh = inputs.shapes
     engine = Engine(inputs.engine, inputs.cost)
@@ -106,19 +111,43 @@ def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float,
     contents = {s.id: _content(sh.shared_prefix, s.id) for s in inputs.sessions}
     for s in warm:
         tokens = min(s.context_tokens, pool_tokens - inputs.engine.block_size)
-        engine.add_request(Request(id=f"warm-{s.id}", content=contents[s.id], prompt_tokens=max(1, tokens),
-                                   max_tokens=1, arrival=0.0, session=s.id))
+        engine.add_request(
+            Request(
+                id=f"warm-{s.id}",
+                content=contents[s.id],
+                prompt_tokens=max(1, tokens),
+                max_tokens=1,
+                arrival=0.0,
+                session=s.id,
+            )
+        )
     while engine.running or engine.waiting:
         engine.run_until(engine.now + 60.0)
     t0 = engine.now
     end = t0 + horizon
 
-    budgeter = Budgeter.from_dict({"config": config.to_dict(), "pool_tokens": pool_tokens, "sessions": [
-        {"id": s.id, "state": s.state, "arrived_at": t0, "admitted_at": t0 if s.state == "admitted" else None,
-         "context_tokens": s.context_tokens, "output_budget": inputs.output_budget if s.state != "admitted" else 0,
-         "turns": s.turns_done, "manual": s.manual, "pinned": s.pinned,
-         "parked_since": t0 - s.parked_for_s if s.state == "parked" else None, "last_activity": t0}
-        for s in inputs.sessions]})
+    budgeter = Budgeter.from_dict(
+        {
+            "config": config.to_dict(),
+            "pool_tokens": pool_tokens,
+            "sessions": [
+                {
+                    "id": s.id,
+                    "state": s.state,
+                    "arrived_at": t0,
+                    "admitted_at": t0 if s.state == "admitted" else None,
+                    "context_tokens": s.context_tokens,
+                    "output_budget": inputs.output_budget if s.state != "admitted" else 0,
+                    "turns": s.turns_done,
+                    "manual": s.manual,
+                    "pinned": s.pinned,
+                    "parked_since": t0 - s.parked_for_s if s.state == "parked" else None,
+                    "last_activity": t0,
+                }
+                for s in inputs.sessions
+            ],
+        }
+    )
     acc = _Acc(n_sec)
     sessions: dict[str, _Sess] = {}
     parked: list[int] = []
@@ -127,8 +156,17 @@ def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float,
     def forward(sess: _Sess, now: float, prompt: int) -> None:
         out = sess.rng.choice(sh.outputs) or 1
         sess.forwarded_at = now
-        engine.add_request(Request(id=f"{sess.id}-{sess.left}", content=sess.content, prompt_tokens=prompt,
-                                   max_tokens=out, arrival=now, session=sess.id, tag=sess))
+        engine.add_request(
+            Request(
+                id=f"{sess.id}-{sess.left}",
+                content=sess.content,
+                prompt_tokens=prompt,
+                max_tokens=out,
+                arrival=now,
+                session=sess.id,
+                tag=sess,
+            )
+        )
 
     def submit(now: float, sess: _Sess) -> None:
         prompt = max(1, sess.context + sess.rng.choice(sh.extras))
@@ -145,7 +183,12 @@ def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float,
         sess: _Sess = req.tag  # type: ignore[assignment]
         now = req.finish_time or engine.now
         if now <= t0 + horizon:
-            acc.add(now - t0, req.prompt_tokens, min(req.cached_tokens or 0, req.prompt_tokens), now - sess.gated_at)
+            acc.add(
+                now - t0,
+                req.prompt_tokens,
+                min(req.cached_tokens or 0, req.prompt_tokens),
+                now - sess.gated_at,
+            )
         budgeter.turn_finished(sess.id, now, req.prompt_tokens, req.output, latency_s=now - sess.forwarded_at)
         sess.context = req.prompt_tokens + req.output
         sess.left -= 1
@@ -158,8 +201,13 @@ def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float,
     def arrive(now: float, i: int) -> None:
         sid = f"new-{i}"
         rng = random.Random(f"{seed}-new-{i}")
-        sess = _Sess(sid, _content(sh.shared_prefix, sid), rng, 0,
-                     max(1, rng.choice(sh.session_turns)) if sh.session_turns else 1)
+        sess = _Sess(
+            sid,
+            _content(sh.shared_prefix, sid),
+            rng,
+            0,
+            max(1, rng.choice(sh.session_turns)) if sh.session_turns else 1,
+        )
         sessions[sid] = sess
         sess.context = max(1, rng.choice(sh.first_prompts)) if sh.first_prompts else 1
         sess.gated_at = now
@@ -184,7 +232,9 @@ def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float,
     loop = EventLoop(engine, on_finish)
     for s in inputs.sessions:
         rng = random.Random(f"{seed}-now-{s.id}")
-        sess = _Sess(s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done))
+        sess = _Sess(
+            s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done)
+        )
         sessions[s.id] = sess
         loop.push(t0 + gap(sess), submit, sess)
     arr_rng = random.Random(f"{seed}-arrivals")
@@ -204,17 +254,32 @@ def run_forecast(inputs: ForecastInputs, config: BudgeterConfig, minutes: float,
     prompt, cached = sum(acc.prompt), sum(acc.cached)
     prompt5, cached5 = sum(acc.prompt[last:]), sum(acc.cached[last:])
     summary = {
-        "mode": config.mode, "low": config.low, "high": config.high, "minutes": minutes, "seed": seed,
+        "mode": config.mode,
+        "low": config.low,
+        "high": config.high,
+        "minutes": minutes,
+        "seed": seed,
         "r_t": round(cached / prompt, 4) if prompt else None,
         "r_t_last_5min": round(cached5 / prompt5, 4) if prompt5 else None,
         "turns_per_s": round(sum(acc.turns) / horizon, 4) if horizon else None,
         "p95_turn_latency_s": None if not acc.latencies else round(_p95(acc.latencies) or 0.0, 3),
         "parked_mean": round(sum(parked) / len(parked), 2) if parked else 0.0,
-        "parked_end": parked[-1] if parked else 0, "parked_max": max(parked, default=0),
-        "parked_session_minutes": round(sum(parked) / 60.0, 1), "waiting_end": waiting[-1] if waiting else 0,
-        "sessions_at_start": len(inputs.sessions), "sessions_arrived": i, "warmup_s": round(t0, 2),
+        "parked_end": parked[-1] if parked else 0,
+        "parked_max": max(parked, default=0),
+        "parked_session_minutes": round(sum(parked) / 60.0, 1),
+        "waiting_end": waiting[-1] if waiting else 0,
+        "sessions_at_start": len(inputs.sessions),
+        "sessions_arrived": i,
+        "warmup_s": round(t0, 2),
         "wall_s": round(wall_s, 3),
     }
-    return {"summary": summary, "series": {"turns": acc.turns, "prompt_tokens": acc.prompt,
-                                           "cached_tokens": acc.cached, "parked": parked, "waiting": waiting}}
-
+    return {
+        "summary": summary,
+        "series": {
+            "turns": acc.turns,
+            "prompt_tokens": acc.prompt,
+            "cached_tokens": acc.cached,
+            "parked": parked,
+            "waiting": waiting,
+        },
+    }

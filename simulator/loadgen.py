@@ -41,6 +41,7 @@ from simulator.content import filler
 log = logging.getLogger("simulator.loadgen")
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
+
 @dataclass
 class LoadgenConfig:
     target: str = "http://127.0.0.1:8100"
@@ -95,20 +96,38 @@ class LoadgenConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LoadgenConfig:
-        return cls(target=args.target.rstrip("/"), sessions_per_s=args.sessions_per_s,
-                   max_sessions=args.max_sessions, speed=args.speed, seed=args.seed, duration=args.duration,
-                   turns=args.turns, initial_context=args.initial_context, context_growth=args.context_growth,
-                   output_tokens=args.output_tokens, tool_latency=args.tool_latency,
-                   stream_fraction=args.stream_fraction, rag_rate=args.rag_rate, rag_doc_sets=args.rag_doc_sets,
-                   rag_preset=args.rag_preset, rag_storm_every=args.rag_storm_every, rag_set=list(args.rag_set),
-                   burst_at=args.burst_at, burst_seconds=args.burst_seconds, burst_rate=args.burst_rate,
-                   model=args.model, api_key=args.api_key)
+        return cls(
+            target=args.target.rstrip("/"),
+            sessions_per_s=args.sessions_per_s,
+            max_sessions=args.max_sessions,
+            speed=args.speed,
+            seed=args.seed,
+            duration=args.duration,
+            turns=args.turns,
+            initial_context=args.initial_context,
+            context_growth=args.context_growth,
+            output_tokens=args.output_tokens,
+            tool_latency=args.tool_latency,
+            stream_fraction=args.stream_fraction,
+            rag_rate=args.rag_rate,
+            rag_doc_sets=args.rag_doc_sets,
+            rag_preset=args.rag_preset,
+            rag_storm_every=args.rag_storm_every,
+            rag_set=list(args.rag_set),
+            burst_at=args.burst_at,
+            burst_seconds=args.burst_seconds,
+            burst_rate=args.burst_rate,
+            model=args.model,
+            api_key=args.api_key,
+        )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = LoadgenConfig()
     p.add_argument("--target", default=d.target, help="sidecar (or engine) base URL")
-    p.add_argument("--sessions-per-s", type=float, default=d.sessions_per_s, help="new sessions per wall second")
+    p.add_argument(
+        "--sessions-per-s", type=float, default=d.sessions_per_s, help="new sessions per wall second"
+    )
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, help="sessions open at once (cap)")
     p.add_argument("--speed", type=float, default=d.speed, help="divides tool latency; match the engine's")
     p.add_argument("--seed", type=int, default=None)
@@ -121,14 +140,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-fraction", type=float, default=d.stream_fraction)
     p.add_argument("--rag-rate", type=float, default=0.0, help="RAG requests per wall second (0: off)")
     p.add_argument("--rag-doc-sets", type=int, default=d.rag_doc_sets)
-    p.add_argument("--rag-preset", action="store_true",
-                   help="RAG traffic of the offline rag-storm preset, scaled by --speed: document-set requests, "
-                        "a storm, and the compaction job asking the sidecar's gate (see simulator/rag_traffic.py)")
-    p.add_argument("--rag-storm-every", type=float, default=0.0,
-                   help="with --rag-preset: wall seconds between storm starts (0: one storm)")
-    p.add_argument("--rag-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="with --rag-preset: override a setting of the preset (the offline --set keys)")
-    p.add_argument("--burst-at", type=float, default=-1.0, help="wall second of a burst of arrivals (<0: none)")
+    p.add_argument(
+        "--rag-preset",
+        action="store_true",
+        help="RAG traffic of the offline rag-storm preset, scaled by --speed: document-set requests, "
+        "a storm, and the compaction job asking the sidecar's gate (see simulator/rag_traffic.py)",
+    )
+    p.add_argument(
+        "--rag-storm-every",
+        type=float,
+        default=0.0,
+        help="with --rag-preset: wall seconds between storm starts (0: one storm)",
+    )
+    p.add_argument(
+        "--rag-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --rag-preset: override a setting of the preset (the offline --set keys)",
+    )
+    p.add_argument(
+        "--burst-at", type=float, default=-1.0, help="wall second of a burst of arrivals (<0: none)"
+    )
     p.add_argument("--burst-seconds", type=float, default=d.burst_seconds)
     p.add_argument("--burst-rate", type=float, default=d.burst_rate, help="extra sessions/s during the burst")
     p.add_argument("--model", default=None, help="model name (default: the target's first /v1/models entry)")
@@ -152,9 +185,12 @@ class LoadGenerator:
         self.cfg = cfg
         self.client = client
         self.rng = random.Random(cfg.seed)
-        self.run_id = uuid.UUID(int=self.rng.getrandbits(128)).hex[:8] if cfg.seed is not None else uuid.uuid4().hex[:8]
-        self.system_prompt = "You are a coding agent. " + filler(random.Random(f"system-{cfg.seed}"),
-                                                                  cfg.system_prompt_tokens - 6)
+        self.run_id = (
+            uuid.UUID(int=self.rng.getrandbits(128)).hex[:8] if cfg.seed is not None else uuid.uuid4().hex[:8]
+        )
+        self.system_prompt = "You are a coding agent. " + filler(
+            random.Random(f"system-{cfg.seed}"), cfg.system_prompt_tokens - 6
+        )
         self.model = cfg.model or "sim/agent-8b"
         self.counters = Counters()
         self.stopping = asyncio.Event()
@@ -215,7 +251,9 @@ class LoadGenerator:
                         answer_parts.append(piece)
         return {"usage": usage, "answer": "".join(answer_parts)}
 
-    async def request_with_retries(self, body: dict[str, Any], headers: dict[str, str], what: str) -> dict[str, Any] | None:
+    async def request_with_retries(
+        self, body: dict[str, Any], headers: dict[str, str], what: str
+    ) -> dict[str, Any] | None:
         delay = 0.5
         for attempt in range(1, self.cfg.max_retries + 1):
             if self.stopping.is_set():
@@ -249,16 +287,22 @@ class LoadGenerator:
         c.active += 1
         try:
             first_user = filler(rng, cfg.initial_context - cfg.system_prompt_tokens)
-            messages: list[dict[str, str]] = [{"role": "system", "content": self.system_prompt},
-                                              {"role": "user", "content": f"Task {sid}: {first_user}"}]
+            messages: list[dict[str, str]] = [
+                {"role": "system", "content": self.system_prompt},
+                {"role": "user", "content": f"Task {sid}: {first_user}"},
+            ]
             for turn in range(1, cfg.turns + 1):
                 last = turn == cfg.turns
                 headers = self.headers({"X-Session-Id": sid})
                 if last:
                     headers["X-Session-End"] = "true"
                 stream = rng.random() < cfg.stream_fraction
-                body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": cfg.output_tokens,
-                                        "stream": stream}
+                body: dict[str, Any] = {
+                    "model": self.model,
+                    "messages": messages,
+                    "max_tokens": cfg.output_tokens,
+                    "stream": stream,
+                }
                 if stream:
                     body["stream_options"] = {"include_usage": True}
                 result = await self.request_with_retries(body, headers, f"session {sid} turn {turn}")
@@ -267,8 +311,11 @@ class LoadGenerator:
                 self.record(result["usage"])
                 if last:
                     break
-                messages = [*messages, {"role": "assistant", "content": result["answer"]},
-                            {"role": "user", "content": filler(rng, cfg.context_growth - cfg.output_tokens)}]
+                messages = [
+                    *messages,
+                    {"role": "assistant", "content": result["answer"]},
+                    {"role": "user", "content": filler(rng, cfg.context_growth - cfg.output_tokens)},
+                ]
                 think = rng.lognormvariate(0.0, 0.5) * cfg.tool_latency / 1.133 / cfg.speed
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), think)
@@ -281,7 +328,10 @@ class LoadGenerator:
 
     def arrival_rate(self, elapsed: float) -> float:
         rate = self.cfg.sessions_per_s
-        if self.cfg.burst_at >= 0 and self.cfg.burst_at <= elapsed < self.cfg.burst_at + self.cfg.burst_seconds:
+        if (
+            self.cfg.burst_at >= 0
+            and self.cfg.burst_at <= elapsed < self.cfg.burst_at + self.cfg.burst_seconds
+        ):
             rate += self.cfg.burst_rate
         return rate
 
@@ -305,7 +355,9 @@ class LoadGenerator:
 
     async def rag(self) -> None:
         cfg = self.cfg
-        docs = [filler(random.Random(f"doc-{cfg.seed}-{d}"), cfg.rag_doc_tokens) for d in range(cfg.rag_doc_sets)]
+        docs = [
+            filler(random.Random(f"doc-{cfg.seed}-{d}"), cfg.rag_doc_tokens) for d in range(cfg.rag_doc_sets)
+        ]
         system = "Answer from the documents. " + filler(random.Random("rag-system"), 1000)
         n = 0
         while not self.stopping.is_set():
@@ -316,9 +368,15 @@ class LoadGenerator:
             n += 1
             d = min(int(self.rng.paretovariate(1.2)) - 1, cfg.rag_doc_sets - 1)
             question = filler(random.Random(f"q-{self.run_id}-{n}"), cfg.rag_suffix_tokens)
-            body = {"model": self.model, "max_tokens": 100, "stream": False,
-                    "messages": [{"role": "system", "content": system},
-                                 {"role": "user", "content": f"{docs[d]}\nQuestion {n}: {question}"}]}
+            body = {
+                "model": self.model,
+                "max_tokens": 100,
+                "stream": False,
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"{docs[d]}\nQuestion {n}: {question}"},
+                ],
+            }
             headers = self.headers({"X-Prefix-Id": f"rag-docs-{d}"})
             asyncio.get_running_loop().create_task(self._rag_one(body, headers, n))
 
@@ -327,7 +385,9 @@ class LoadGenerator:
             result = await self.post_chat(body, headers)
         except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
             self.counters.errors += 1
-            log.warning("rag request %d failed: %s", n, (str(exc) or type(exc).__name__).splitlines()[0][:200])
+            log.warning(
+                "rag request %d failed: %s", n, (str(exc) or type(exc).__name__).splitlines()[0][:200]
+            )
             return
         self.counters.rag_requests += 1
         self.record(result["usage"])
@@ -343,14 +403,28 @@ class LoadGenerator:
             rate = (c.turns - last_turns) / max(now - last_t, 1e-9)
             last_turns, last_t = c.turns, now
             hit = c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0
-            log.info("sessions active %d started %d finished %d | turns %d (%.2f/s) | cached %.2f | errors %d",
-                     c.active, c.started, c.finished, c.turns, rate, hit, c.errors)
+            log.info(
+                "sessions active %d started %d finished %d | turns %d (%.2f/s) | cached %.2f | errors %d",
+                c.active,
+                c.started,
+                c.finished,
+                c.turns,
+                rate,
+                hit,
+                c.errors,
+            )
 
     async def run(self) -> None:
         await self.discover_model()
-        log.info("load generator -> %s model %s: %.3g sessions/s, at most %d open, %d turns, speed %.3g",
-                 self.cfg.target, self.model, self.cfg.sessions_per_s, self.cfg.max_sessions, self.cfg.turns,
-                 self.cfg.speed)
+        log.info(
+            "load generator -> %s model %s: %.3g sessions/s, at most %d open, %d turns, speed %.3g",
+            self.cfg.target,
+            self.model,
+            self.cfg.sessions_per_s,
+            self.cfg.max_sessions,
+            self.cfg.turns,
+            self.cfg.speed,
+        )
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         helpers = [loop.create_task(self.arrivals(tasks)), loop.create_task(self.reporter())]
@@ -359,7 +433,9 @@ class LoadGenerator:
         if self.cfg.rag_preset:
             from simulator.rag_traffic import RagPresetTraffic, rag_preset
 
-            traffic = RagPresetTraffic(self, rag_preset(self.cfg.rag_set), self.cfg.speed, self.cfg.rag_storm_every)
+            traffic = RagPresetTraffic(
+                self, rag_preset(self.cfg.rag_set), self.cfg.speed, self.cfg.rag_storm_every
+            )
             helpers.append(loop.create_task(traffic.run()))
         if self.cfg.duration > 0:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -371,14 +447,20 @@ class LoadGenerator:
             t.cancel()
         await asyncio.gather(*helpers, *tasks, return_exceptions=True)
         c = self.counters
-        log.info("stopped: %d sessions started, %d finished, %d turns, %d errors", c.started, c.finished, c.turns,
-                 c.errors)
+        log.info(
+            "stopped: %d sessions started, %d finished, %d turns, %d errors",
+            c.started,
+            c.finished,
+            c.turns,
+            c.errors,
+        )
 
 
 async def _main(cfg: LoadgenConfig) -> None:
     rag = 256 if cfg.rag_preset else 0  # the storm's requests are concurrent
-    limits = httpx.Limits(max_connections=cfg.max_sessions * 2 + 64 + rag,
-                          max_keepalive_connections=cfg.max_sessions + 8 + rag)
+    limits = httpx.Limits(
+        max_connections=cfg.max_sessions * 2 + 64 + rag, max_keepalive_connections=cfg.max_sessions + 8 + rag
+    )
     async with httpx.AsyncClient(limits=limits) as client:
         gen = LoadGenerator(cfg, client)
         loop = asyncio.get_running_loop()

@@ -35,15 +35,31 @@ def _agent(**changes: Any) -> Callable[[SimConfig], SimConfig]:
     return lambda cfg: replace(cfg, agent=replace(cfg.agent, **changes))
 
 
-_REGISTRY: dict[str, Scenario] = {s.name: s for s in (
-    Scenario("agent-steady", "agent", _agent(burst_rate=0.0), "Poisson agent sessions, no burst"),
-    # 30 extra sessions over 5 minutes (SIMULATOR.md's prototype: ~15, Poisson); see docs/simulator-results.md
-    Scenario("agent-burst", "agent", _agent(burst_rate=0.1), "agent-steady plus a burst of 30 sessions at minute 5"),
-    Scenario("agent-flush", "agent", _agent(burst_rate=0.0, flush_at_min=10.0),
-             "agent-steady with a prefix-cache flush (and preemption) at minute 10"),
-    Scenario("rag-storm", "rag", lambda cfg: cfg,
-             "retrieval traffic over document sets, a storm of heterogeneous retrievals, a compaction job"),
-)}
+_REGISTRY: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("agent-steady", "agent", _agent(burst_rate=0.0), "Poisson agent sessions, no burst"),
+        # 30 extra sessions over 5 minutes (SIMULATOR.md's prototype: ~15, Poisson); see docs/simulator-results.md
+        Scenario(
+            "agent-burst",
+            "agent",
+            _agent(burst_rate=0.1),
+            "agent-steady plus a burst of 30 sessions at minute 5",
+        ),
+        Scenario(
+            "agent-flush",
+            "agent",
+            _agent(burst_rate=0.0, flush_at_min=10.0),
+            "agent-steady with a prefix-cache flush (and preemption) at minute 10",
+        ),
+        Scenario(
+            "rag-storm",
+            "rag",
+            lambda cfg: cfg,
+            "retrieval traffic over document sets, a storm of heterogeneous retrievals, a compaction job",
+        ),
+    )
+}
 SCENARIOS = tuple(_REGISTRY)
 _MODELS: dict[str, Callable[..., dict[str, Any]]] = {
     "agent": lambda cfg, control, seed, minutes: run_agent(cfg, control, seed, minutes),
@@ -63,8 +79,14 @@ def scenario_config(name: str, base: SimConfig | None = None) -> SimConfig:
     return scenario(name).preset(base or SimConfig())
 
 
-def run_scenario(name: str, control: str, seed: int, minutes: float,
-                 overrides: dict[str, Any] | None = None, exact: bool = False) -> dict[str, Any]:
+def run_scenario(
+    name: str,
+    control: str,
+    seed: int,
+    minutes: float,
+    overrides: dict[str, Any] | None = None,
+    exact: bool = False,
+) -> dict[str, Any]:
     """One offline run; returns ``{"scenario", "control", "seed", "minutes", "mode", "config", "series", "summary"}``.
 
     ``control`` is the budgeter's mode for the agent model; the RAG model has no budgeter and ignores it.
@@ -74,5 +96,12 @@ def run_scenario(name: str, control: str, seed: int, minutes: float,
     if exact:
         cfg = replace(cfg, engine=replace(cfg.engine, mode="exact"))
     result = _MODELS[sc.model](cfg, control, seed, minutes)
-    return {"scenario": name, "control": control, "seed": seed, "minutes": minutes,
-            "mode": cfg.engine.mode, "config": cfg.to_dict(), **result}
+    return {
+        "scenario": name,
+        "control": control,
+        "seed": seed,
+        "minutes": minutes,
+        "mode": cfg.engine.mode,
+        "config": cfg.to_dict(),
+        **result,
+    }

@@ -30,11 +30,22 @@ def plot_run(result: dict[str, Any], path: Path) -> None:
     x = _minutes_axis(s)
     fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True)
     ax = axes[0]
-    ax.plot(x, [v if v is not None else float("nan") for v in s["token_weighted"]], label="token-weighted (R_t)")
-    ax.plot(x, [v if v is not None else float("nan") for v in s["request_weighted"]], label="request-weighted (R_r)",
-            alpha=0.7)
-    ax.plot(x, [v if v is not None else float("nan") for v in s["engine_hit_ratio"]], label="engine hit ratio",
-            alpha=0.7, linestyle=":")
+    ax.plot(
+        x, [v if v is not None else float("nan") for v in s["token_weighted"]], label="token-weighted (R_t)"
+    )
+    ax.plot(
+        x,
+        [v if v is not None else float("nan") for v in s["request_weighted"]],
+        label="request-weighted (R_r)",
+        alpha=0.7,
+    )
+    ax.plot(
+        x,
+        [v if v is not None else float("nan") for v in s["engine_hit_ratio"]],
+        label="engine hit ratio",
+        alpha=0.7,
+        linestyle=":",
+    )
     ax.axhline(DEGRADED_THRESHOLD, color="grey", linewidth=0.8, linestyle="--")
     ax.set_ylabel("hit rate (60 s)")
     ax.set_ylim(0, 1.02)
@@ -61,9 +72,11 @@ def plot_run(result: dict[str, Any], path: Path) -> None:
     for ax in axes:
         ax.axvline(ctl, color="red", linewidth=0.8, alpha=0.6)
     sm = result["summary"]
-    fig.suptitle(f"{result['scenario']} / {result['control']} / seed {result['seed']}: "
-                 f"collapsed={sm.get('collapsed')} recovered={sm.get('recovered')} "
-                 f"end hit ratio={sm.get('end_hit_ratio')}")
+    fig.suptitle(
+        f"{result['scenario']} / {result['control']} / seed {result['seed']}: "
+        f"collapsed={sm.get('collapsed')} recovered={sm.get('recovered')} "
+        f"end hit ratio={sm.get('end_hit_ratio')}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -77,8 +90,12 @@ def plot_table3(results: list[dict[str, Any]], rows: list[str], path: Path) -> N
             if r["row"] != row or not r["summary"]["collapsed"]:
                 continue
             s = r["series"]
-            ax.plot([t / 60 for t in s["t"]], [v if v is not None else float("nan") for v in s["token_weighted"]],
-                    linewidth=0.8, alpha=0.7)
+            ax.plot(
+                [t / 60 for t in s["t"]],
+                [v if v is not None else float("nan") for v in s["token_weighted"]],
+                linewidth=0.8,
+                alpha=0.7,
+            )
             ax.axvline(r["control_start_min"], color="red", linewidth=0.8)
         ax.axhline(DEGRADED_THRESHOLD, color="grey", linestyle="--", linewidth=0.8)
         ax.set_ylim(0, 1.02)
@@ -109,7 +126,9 @@ def plot_rag(result: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=8)
     cfg = result["config"]["rag"]
     for ax in axes:
-        ax.axvspan(cfg["storm_start_min"], cfg["storm_start_min"] + cfg["storm_minutes"], color="orange", alpha=0.15)
+        ax.axvspan(
+            cfg["storm_start_min"], cfg["storm_start_min"] + cfg["storm_minutes"], color="orange", alpha=0.15
+        )
     fig.suptitle(f"rag-storm / trigger {cfg['compaction_trigger']} / seed {result['seed']}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -124,10 +143,15 @@ def plot_compaction(results: list[dict[str, Any]], path: Path) -> None:
             if r["trigger"] != trig:
                 continue
             s = r["series"]
-            ax.plot([t / 60 for t in s["t"]], [v if v is not None else float("nan") for v in s["token_weighted"]],
-                    linewidth=0.8)
+            ax.plot(
+                [t / 60 for t in s["t"]],
+                [v if v is not None else float("nan") for v in s["token_weighted"]],
+                linewidth=0.8,
+            )
         cfg = results[0]["config"]["rag"]
-        ax.axvspan(cfg["storm_start_min"], cfg["storm_start_min"] + cfg["storm_minutes"], color="orange", alpha=0.15)
+        ax.axvspan(
+            cfg["storm_start_min"], cfg["storm_start_min"] + cfg["storm_minutes"], color="orange", alpha=0.15
+        )
         ax.set_ylim(0, 1)
         ax.set_ylabel("R_t (60 s)")
         ax.set_title(f"trigger: {trig}", fontsize=9)

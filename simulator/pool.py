@@ -47,7 +47,9 @@ class Lookup:
     hit_free_blocks: int = 0
     offload_blocks: int = 0
     blocks: list[int] | None = None  # BlockPool: the hit block ids, for the allocation that follows
-    block_array: Any = None  # BlockPool: the same ids as a numpy array (read-only, shared with the lookup cache)
+    block_array: Any = (
+        None  # BlockPool: the same ids as a numpy array (read-only, shared with the lookup cache)
+    )
 
 
 class Table(Protocol):
@@ -63,8 +65,9 @@ class Pool(Protocol):
     def num_cached(self) -> int: ...
     def new_table(self) -> Table: ...
     def lookup(self, content: Content, max_blocks: int) -> Lookup: ...
-    def allocate(self, table: Table, content: Content, hit: Lookup | None, total_blocks: int,
-                 cacheable_blocks: int) -> bool: ...
+    def allocate(
+        self, table: Table, content: Content, hit: Lookup | None, total_blocks: int, cacheable_blocks: int
+    ) -> bool: ...
     def cache_upto(self, table: Table, content: Content, cacheable_blocks: int) -> None: ...
     def free(self, table: Table) -> None: ...
     def reset(self) -> bool: ...
@@ -177,7 +180,9 @@ class BlockPool:
 
     def lookup(self, content: Content, max_blocks: int) -> Lookup:
         result = Lookup()
-        spans = [(self._base(label), lo, hi) for label, lo, hi in content.spans(0, max_blocks, self.block_size)]
+        spans = [
+            (self._base(label), lo, hi) for label, lo, hi in content.spans(0, max_blocks, self.block_size)
+        ]
         versions = tuple(self._ver.get(base, 0) for base, _, _ in spans)
         cached: Any = self._lookups.get((id(content), max_blocks))
         if cached is not None and cached[0] is content and cached[1] == versions:
@@ -206,14 +211,15 @@ class BlockPool:
             result.hit_free_blocks = int(np.count_nonzero(self.ref[arr] == 0))
         result.blocks = hits  # shared with the cache: never mutated (allocate only reads it)
         result.block_array = arr
-        result.offload_blocks = self.offload.contains_run(content, result.hit_blocks, max_blocks,
-                                                          self.block_size)
+        result.offload_blocks = self.offload.contains_run(
+            content, result.hit_blocks, max_blocks, self.block_size
+        )
         return result
 
     def _drop_stale(self) -> None:
         """Rewrite the queue without its stale entries (order of the valid ones unchanged)."""
         n = self.num_blocks
-        arr = np.array(self._q[self._head:], dtype=np.int64)
+        arr = np.array(self._q[self._head :], dtype=np.int64)
         blocks = arr % n
         valid = (self.ref[blocks] == 0) & (self.stamp[blocks] == arr // n)
         self._q = arr[valid].tolist()
@@ -241,7 +247,7 @@ class BlockPool:
         if len(out) < need:
             while len(out) < need:
                 k = max(64, 2 * (need - len(out)))
-                chunk = np.array(q[self._head:self._head + k], dtype=np.int64)
+                chunk = np.array(q[self._head : self._head + k], dtype=np.int64)
                 blocks = chunk % n
                 idx = np.flatnonzero((ref[blocks] == 0) & (stamp[blocks] == chunk // n))
                 want = need - len(out)
@@ -252,12 +258,18 @@ class BlockPool:
                     self._head += len(chunk)
                 out.extend(blocks[idx].tolist())
         if self._head > 4096 and self._head * 2 > len(q):
-            del q[:self._head]
+            del q[: self._head]
             self._head = 0
         return out
 
-    def allocate(self, table: BlockTable, content: Content, hit: Lookup | None, total_blocks: int,
-                 cacheable_blocks: int) -> bool:
+    def allocate(
+        self,
+        table: BlockTable,
+        content: Content,
+        hit: Lookup | None,
+        total_blocks: int,
+        cacheable_blocks: int,
+    ) -> bool:
         if hit is None and total_blocks <= len(table.blocks):
             if cacheable_blocks > table.keyed:
                 self.cache_upto(table, content, cacheable_blocks)
@@ -392,7 +404,7 @@ class BlockPool:
     def free_blocks_in_order(self) -> list[int]:
         n = self.num_blocks
         out = []
-        for e in self._q[self._head:]:
+        for e in self._q[self._head :]:
             b = e % n
             if self.ref[b] == 0 and self.stamp[b] == e // n:
                 out.append(b)
@@ -400,7 +412,10 @@ class BlockPool:
 
     def queue_keys(self) -> list[Hashable | None]:
         """The free queue as keys ``(label, index)`` in eviction order (None for unkeyed blocks)."""
-        return [self.external_key(int(self.key[b])) if self.keyed[b] else None for b in self.free_blocks_in_order()]
+        return [
+            self.external_key(int(self.key[b])) if self.keyed[b] else None
+            for b in self.free_blocks_in_order()
+        ]
 
     def check(self) -> None:
         """Invariants: every block exactly once free or in use; keys and index agree."""
@@ -500,12 +515,14 @@ class RunPool:
                     j += 1
             if pos < hi:
                 break
-        result.offload_blocks = self.offload.contains_run(content, result.hit_blocks, max_blocks,
-                                                          self.block_size)
+        result.offload_blocks = self.offload.contains_run(
+            content, result.hit_blocks, max_blocks, self.block_size
+        )
         return result
 
-    def allocate(self, table: RunTable, content: Content, hit: Lookup | None, total_blocks: int,
-                 cacheable_blocks: int) -> bool:
+    def allocate(
+        self, table: RunTable, content: Content, hit: Lookup | None, total_blocks: int, cacheable_blocks: int
+    ) -> bool:
         if hit is None and total_blocks <= table.num_blocks:
             if cacheable_blocks > table.keyed:
                 self.cache_upto(table, content, cacheable_blocks)

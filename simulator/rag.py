@@ -48,8 +48,9 @@ def _zipf_weights(n: int, s: float) -> list[float]:
     return [x / total for x in w]
 
 
-def _stats(done: list[_Done], t0: float, t1: float, kinds: tuple[str, ...] | None = None,
-           price: float = 0.1) -> dict[str, Any]:
+def _stats(
+    done: list[_Done], t0: float, t1: float, kinds: tuple[str, ...] | None = None, price: float = 0.1
+) -> dict[str, Any]:
     sel = [d for d in done if t0 <= d.t_arrival < t1 and (kinds is None or d.kind in kinds)]
     prompt = sum(d.prompt for d in sel)
     cached = sum(d.cached for d in sel)
@@ -113,15 +114,28 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
     subtree_ids = [f"rag-docs-{d}" for d in range(r.doc_sets)]
     tracker = SubtreeTracker(WarmthConfig(window_s=r.warmth_window_s, floor=r.warmth_floor))
     window = TimeWindow(window_s=r.reuse_window_s)
-    detector = RegimeDetector(RegimeConfig(enter=r.divergence_enter, exit=r.divergence_exit,
-                                           min_turns=r.regime_min_turns))
+    detector = RegimeDetector(
+        RegimeConfig(enter=r.divergence_enter, exit=r.divergence_exit, min_turns=r.regime_min_turns)
+    )
     policy = CompactionPolicy(top_k_pinned=r.top_k_pinned)
     due: set[int] = set()
     since = 0
     compactions: list[tuple[float, int]] = []
     done: list[_Done] = []
-    series: dict[str, list[Any]] = {k: [] for k in ("t", "token_weighted", "request_weighted", "divergence",
-                                                      "regime", "compactions", "running", "waiting", "kv_usage")}
+    series: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "t",
+            "token_weighted",
+            "request_weighted",
+            "divergence",
+            "regime",
+            "compactions",
+            "running",
+            "waiting",
+            "kv_usage",
+        )
+    }
     head = ("rag-head", r.rag_head_tokens)
     subtree_tokens = r.rag_system_tokens - r.rag_head_tokens + r.doc_tokens
 
@@ -145,8 +159,11 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
         u = rng.random()
         subtree: str | None = None
         if kind == "doc" and u < r.cold_fraction or kind == "storm" and u < r.storm_cold_fraction:
-            n = r.rag_system_tokens + r.doc_tokens + r.suffix_tokens if kind == "doc" else \
-                r.rag_head_tokens + r.storm_query_tokens
+            n = (
+                r.rag_system_tokens + r.doc_tokens + r.suffix_tokens
+                if kind == "doc"
+                else r.rag_head_tokens + r.storm_query_tokens
+            )
             content = SegmentContent([(("cold", i), 1 << 40)])
             out = r.rag_output_tokens if kind == "doc" else r.storm_output_tokens
             kind = "cold"
@@ -155,16 +172,25 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
             subtree = subtree_ids[d]
             # the subtree (system prompt + document set) sits below the tenant preamble; compaction
             # rewrites all of it, so a rewritten subtree keeps only the preamble's blocks
-            content = SegmentContent([head, (("subtree", d, versions[d]), subtree_tokens),
-                                      (("q", i), 1 << 40)])
+            content = SegmentContent(
+                [head, (("subtree", d, versions[d]), subtree_tokens), (("q", i), 1 << 40)]
+            )
             n = r.rag_system_tokens + r.doc_tokens + r.suffix_tokens
             out = r.rag_output_tokens
         else:
             content = SegmentContent([head, (("storm", i), 1 << 40)])
             n = r.rag_head_tokens + r.storm_query_tokens
             out = r.storm_output_tokens
-        engine.add_request(Request(id=f"rag-{i}", content=content, prompt_tokens=n, max_tokens=out,
-                                   arrival=now, tag=(kind, subtree)))
+        engine.add_request(
+            Request(
+                id=f"rag-{i}",
+                content=content,
+                prompt_tokens=n,
+                max_tokens=out,
+                arrival=now,
+                tag=(kind, subtree),
+            )
+        )
         on_request_counted(now)
 
     def finish(req: Request) -> None:
@@ -191,21 +217,41 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
                 targets = [subtree_ids[d] for d in sorted(due)]
                 subtrees = tracker.stats(now)
                 if r.gate_asks == "per-subtree":
-                    decisions = [dec for t in targets for dec in decide_compaction(
-                        [t], subtrees, regime=regime, urgency="normal", now=now, deferred_until=None,
-                        policy=policy)]
+                    decisions = [
+                        dec
+                        for t in targets
+                        for dec in decide_compaction(
+                            [t],
+                            subtrees,
+                            regime=regime,
+                            urgency="normal",
+                            now=now,
+                            deferred_until=None,
+                            policy=policy,
+                        )
+                    ]
                 else:
-                    decisions = decide_compaction(targets, subtrees, regime=regime, urgency="normal", now=now,
-                                                  deferred_until=None, policy=policy)
+                    decisions = decide_compaction(
+                        targets,
+                        subtrees,
+                        regime=regime,
+                        urgency="normal",
+                        now=now,
+                        deferred_until=None,
+                        policy=policy,
+                    )
                 for dec in decisions:
                     if dec.decision == "granted":
                         d = int(dec.subtree_id.rsplit("-", 1)[1])
                         compact(d, now)
                         due.discard(d)
         series["t"].append(second)
-        series["token_weighted"].append(None if stats.token_weighted is None else round(stats.token_weighted, 4))
-        series["request_weighted"].append(None if stats.request_weighted is None
-                                          else round(stats.request_weighted, 4))
+        series["token_weighted"].append(
+            None if stats.token_weighted is None else round(stats.token_weighted, 4)
+        )
+        series["request_weighted"].append(
+            None if stats.request_weighted is None else round(stats.request_weighted, 4)
+        )
         series["divergence"].append(None if stats.divergence is None else round(stats.divergence, 4))
         series["regime"].append(regime)
         series["compactions"].append(len(compactions))
@@ -231,11 +277,16 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
     gaps = [b - a for a, b in zip(jobs, jobs[1:], strict=False)]
     cycle = sorted(gaps)[len(gaps) // 2] if gaps else None
     two_cycles = _after_jobs(docs, jobs, 2 * cycle) if cycle else []
-    per_job = [_stats(docs, j, j + 2 * cycle, ("doc",), r.cached_price)["token_weighted"] for j in jobs] if cycle \
+    per_job = (
+        [_stats(docs, j, j + 2 * cycle, ("doc",), r.cached_price)["token_weighted"] for j in jobs]
+        if cycle
         else []
+    )
     w = r.reuse_window_s
-    storm_windows = [_stats(docs, s0 + k * w, s0 + (k + 1) * w, ("doc",), r.cached_price)
-                     for k in range(int((storm_end - s0) // w))]
+    storm_windows = [
+        _stats(docs, s0 + k * w, s0 + (k + 1) * w, ("doc",), r.cached_price)
+        for k in range(int((storm_end - s0) // w))
+    ]
     in_storm = [c for c in compactions if s0 <= c[0] < storm_end]
     summary: dict[str, Any] = {
         "trigger": r.compaction_trigger,
@@ -255,16 +306,28 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float) -> dict[str, Any]:
         "compaction_cycle_s": None if cycle is None else round(cycle, 1),
         "token_weighted_two_cycles_after_compaction": _rt(two_cycles),
         "token_weighted_two_cycles_after_each_compaction": per_job,
-        "subtree_storm_window_R_t_min": min((s["token_weighted"] for s in storm_windows
-                                             if s["token_weighted"] is not None), default=None),
+        "subtree_storm_window_R_t_min": min(
+            (s["token_weighted"] for s in storm_windows if s["token_weighted"] is not None), default=None
+        ),
         # subtree traffic in the first and the second reuse window after the storm ends
         "subtree_cost_window_1_after_storm": _stats(docs, storm_end, storm_end + w, ("doc",), price)[
-            "relative_input_cost"],
+            "relative_input_cost"
+        ],
         "subtree_cost_window_2_after_storm": _stats(docs, storm_end + w, storm_end + 2 * w, ("doc",), price)[
-            "relative_input_cost"],
+            "relative_input_cost"
+        ],
     }
     st = summary["storm"]
-    summary.update({"token_weighted": st["token_weighted"], "request_weighted": st["request_weighted"],
-                    "divergence": st["divergence"], "relative_input_cost": summary["subtree_storm"][
-                        "relative_input_cost"]})
-    return {"series": series, "summary": summary, "compaction_events": [[round(t, 2), d] for t, d in compactions]}
+    summary.update(
+        {
+            "token_weighted": st["token_weighted"],
+            "request_weighted": st["request_weighted"],
+            "divergence": st["divergence"],
+            "relative_input_cost": summary["subtree_storm"]["relative_input_cost"],
+        }
+    )
+    return {
+        "series": series,
+        "summary": summary,
+        "compaction_events": [[round(t, 2), d] for t, d in compactions],
+    }

@@ -58,8 +58,12 @@ class RagPresetTraffic:
         self.storm_every = storm_every
         self.rng = random.Random(f"rag-{gen.run_id}")
         self.weights = _zipf_weights(preset.doc_sets, preset.doc_zipf)
-        self.head = "Answer from the documents. " + filler(random.Random("rag-head"), preset.rag_head_tokens - 7)
-        self.system_rest = filler(random.Random("rag-system"), preset.rag_system_tokens - preset.rag_head_tokens)
+        self.head = "Answer from the documents. " + filler(
+            random.Random("rag-head"), preset.rag_head_tokens - 7
+        )
+        self.system_rest = filler(
+            random.Random("rag-system"), preset.rag_system_tokens - preset.rag_head_tokens
+        )
         self.versions = [0] * preset.doc_sets
         self._docs: dict[tuple[int, int], str] = {}
         self.due: set[int] = set()
@@ -98,9 +102,15 @@ class RagPresetTraffic:
             # a distinct retrieval below the shared preamble (or, when cold, nothing shared at all)
             system = filler(unique, r.rag_head_tokens) if cold else self.head
             question = filler(unique, size - r.rag_head_tokens)
-        body = {"model": self.gen.model, "max_tokens": out, "stream": False,
-                "messages": [{"role": "system", "content": system},
-                             {"role": "user", "content": f"Question {n}: {question}"}]}
+        body = {
+            "model": self.gen.model,
+            "max_tokens": out,
+            "stream": False,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"Question {n}: {question}"},
+            ],
+        }
         return body, headers
 
     # ------------------------------------------------------------ traffic
@@ -127,8 +137,13 @@ class RagPresetTraffic:
             due_at += self.rng.expovariate(rate)
             if due_at < time.monotonic() - MAX_LAG_S:
                 if not lagging:
-                    log.warning("RAG %s arrivals are over %g s behind: dropping the missed ones (too slow a "
-                                "machine for --speed %g)", kind, MAX_LAG_S, self.speed)
+                    log.warning(
+                        "RAG %s arrivals are over %g s behind: dropping the missed ones (too slow a "
+                        "machine for --speed %g)",
+                        kind,
+                        MAX_LAG_S,
+                        self.speed,
+                    )
                 lagging = True
                 due_at = time.monotonic() - MAX_LAG_S
             delay = due_at - time.monotonic()
@@ -152,7 +167,12 @@ class RagPresetTraffic:
             result = await gen.post_chat(body, gen.headers(headers))
         except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
             gen.counters.errors += 1
-            log.warning("rag %s request %d failed: %s", kind, n, (str(exc) or type(exc).__name__).splitlines()[0][:200])
+            log.warning(
+                "rag %s request %d failed: %s",
+                kind,
+                n,
+                (str(exc) or type(exc).__name__).splitlines()[0][:200],
+            )
             return
         gen.counters.rag_requests += 1
         gen.record(result["usage"])
@@ -179,15 +199,22 @@ class RagPresetTraffic:
         subtree = f"rag-docs-{d}"
         try:
             r = await gen.client.post(
-                f"{gen.cfg.target}/compaction/requests", headers=gen.headers({}), timeout=10.0,
-                json={"subtrees": [subtree],
-                      "reason": f"housekeeping: {self.r.compaction_every} requests since the last job"})
+                f"{gen.cfg.target}/compaction/requests",
+                headers=gen.headers({}),
+                timeout=10.0,
+                json={
+                    "subtrees": [subtree],
+                    "reason": f"housekeeping: {self.r.compaction_every} requests since the last job",
+                },
+            )
             if r.status_code != 200:
                 raise RuntimeError(f"HTTP {r.status_code}: {r.text[:160]!r}")
             granted = subtree in (r.json().get("granted") or [])
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             gen.counters.errors += 1
-            log.warning("compaction request for %s failed: %s", subtree, (str(exc) or type(exc).__name__)[:200])
+            log.warning(
+                "compaction request for %s failed: %s", subtree, (str(exc) or type(exc).__name__)[:200]
+            )
             return
         if granted:
             self.versions[d] += 1
@@ -198,20 +225,33 @@ class RagPresetTraffic:
 
     async def run(self) -> None:
         r = self.r
-        log.info("RAG traffic (rag-storm preset, speed %g): %.3g document requests/s, a storm of %.3g requests/s "
-                 "for %.0f s from %.0f s%s; compaction due every %d requests, gate asked every %.1f s",
-                 self.speed, r.rag_rate * self.speed, r.storm_rate * self.speed, r.storm_minutes * 60 / self.speed,
-                 r.storm_start_min * 60 / self.speed,
-                 f", again every {self.storm_every:g} s" if self.storm_every > 0 else "",
-                 r.compaction_every, r.compaction_check_s / self.speed)
+        log.info(
+            "RAG traffic (rag-storm preset, speed %g): %.3g document requests/s, a storm of %.3g requests/s "
+            "for %.0f s from %.0f s%s; compaction due every %d requests, gate asked every %.1f s",
+            self.speed,
+            r.rag_rate * self.speed,
+            r.storm_rate * self.speed,
+            r.storm_minutes * 60 / self.speed,
+            r.storm_start_min * 60 / self.speed,
+            f", again every {self.storm_every:g} s" if self.storm_every > 0 else "",
+            r.compaction_every,
+            r.compaction_check_s / self.speed,
+        )
         loop = asyncio.get_running_loop()
-        helpers = [loop.create_task(self.arrivals("doc")), loop.create_task(self.arrivals("storm")),
-                   loop.create_task(self.compaction_job())]
+        helpers = [
+            loop.create_task(self.arrivals("doc")),
+            loop.create_task(self.arrivals("storm")),
+            loop.create_task(self.compaction_job()),
+        ]
         try:
             await asyncio.gather(*helpers)
         finally:
             for t in [*helpers, *self.tasks]:
                 t.cancel()
             await asyncio.gather(*helpers, *self.tasks, return_exceptions=True)
-            log.info("RAG traffic stopped: %d requests, compactions granted %d, deferred %d", self.n, self.granted,
-                     self.deferred)
+            log.info(
+                "RAG traffic stopped: %d requests, compactions granted %d, deferred %d",
+                self.n,
+                self.granted,
+                self.deferred,
+            )

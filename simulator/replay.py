@@ -61,7 +61,9 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
     eng = _signal_rows(doc, "engine", at)
     pools = [r["pool_tokens"] for r in side + eng if r.get("pool_tokens")]
     if not pools:
-        raise ForecastError("the bundle has no pool_tokens sample before --at: the engine's KV pool is unknown")
+        raise ForecastError(
+            "the bundle has no pool_tokens sample before --at: the engine's KV pool is unknown"
+        )
     turns = [dict(t, session=t.get("session_id")) for t in doc.get("turns", []) if t.get("outcome") == "ok"]
     before = [t for t in turns if t["ts"] <= at]
     after_ids = {t["session_id"] for t in turns if t["ts"] > at}
@@ -71,21 +73,36 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
         if t["session_id"] is not None:
             last[t["session_id"]] = t
             count[t["session_id"]] = count.get(t["session_id"], 0) + 1
-    rows = [{"session_id": sid, "state": "admitted", "turns": count[sid],
-             "context_tokens": (t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0)}
-            for sid, t in last.items() if sid in after_ids and at - t["ts"] <= IDLE_S]
+    rows = [
+        {
+            "session_id": sid,
+            "state": "admitted",
+            "turns": count[sid],
+            "context_tokens": (t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0),
+        }
+        for sid, t in last.items()
+        if sid in after_ids and at - t["ts"] <= IDLE_S
+    ]
     sessions = start_sessions(rows, at)
     shapes = shapes_from_turns(before, at, [r["session_id"] for r in rows])
     if not shapes.extras or not shapes.gaps or not shapes.outputs:
-        raise ForecastError(f"too few turns before --at in the bundle ({shapes.turns_seen}) to draw turn sizes and "
-                            "tool gaps from")
-    return ForecastInputs(engine=EngineConfig(pool_tokens=int(pools[-1]), block_size=BLOCK_SIZE),
-                          cost=cost_from_latencies(eng), cost_source="latencies", sessions=sessions, shapes=shapes,
-                          output_budget=config.default_output_budget)
+        raise ForecastError(
+            f"too few turns before --at in the bundle ({shapes.turns_seen}) to draw turn sizes and "
+            "tool gaps from"
+        )
+    return ForecastInputs(
+        engine=EngineConfig(pool_tokens=int(pools[-1]), block_size=BLOCK_SIZE),
+        cost=cost_from_latencies(eng),
+        cost_source="latencies",
+        sessions=sessions,
+        shapes=shapes,
+        output_budget=config.default_output_budget,
+    )
 
 
-def replay(doc: Mapping[str, Any], control: str, at: float, minutes: float | None = None,
-           seed: int = 0) -> dict[str, Any]:
+def replay(
+    doc: Mapping[str, Any], control: str, at: float, minutes: float | None = None, seed: int = 0
+) -> dict[str, Any]:
     if not doc["from"] <= at < doc["to"]:
         raise ForecastError(f"--at {at} is outside the bundle's range [{doc['from']}, {doc['to']})")
     config = BudgeterConfig(mode=control)
@@ -94,22 +111,38 @@ def replay(doc: Mapping[str, Any], control: str, at: float, minutes: float | Non
     result = run_forecast(inputs, config, minutes, seed)
     s = result["series"]
     in_system = [1.0] * len(s["turns"])  # sessions are offered work throughout
-    verdict = judge_run(s["prompt_tokens"], s["cached_tokens"], s["turns"], in_system, control_start_min=0.0,
-                        minutes=minutes).as_dict()
-    recorded = [t for t in doc.get("turns", []) if at < t["ts"] <= at + minutes * 60 and t.get("outcome") == "ok"
-                and t.get("cached_tokens") is not None]
+    verdict = judge_run(
+        s["prompt_tokens"], s["cached_tokens"], s["turns"], in_system, control_start_min=0.0, minutes=minutes
+    ).as_dict()
+    recorded = [
+        t
+        for t in doc.get("turns", [])
+        if at < t["ts"] <= at + minutes * 60
+        and t.get("outcome") == "ok"
+        and t.get("cached_tokens") is not None
+    ]
     prompt = sum(t["prompt_tokens"] or 0 for t in recorded)
-    summary = {**verdict, **result["summary"], "control": control, "at": at, "engine": doc["engine"],
-               "cost_source": inputs.cost_source,
-               "recorded_r_t": round(sum(t["cached_tokens"] for t in recorded) / prompt, 4) if prompt else None}
+    summary = {
+        **verdict,
+        **result["summary"],
+        "control": control,
+        "at": at,
+        "engine": doc["engine"],
+        "cost_source": inputs.cost_source,
+        "recorded_r_t": round(sum(t["cached_tokens"] for t in recorded) / prompt, 4) if prompt else None,
+    }
     return {"summary": summary, "series": s}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE", help="an incident bundle (python -m collectors export-incident)")
     p.add_argument("--control", required=True, choices=CONTROLS, help="the control mode switched to at --at")
-    p.add_argument("--at", required=True, metavar="T", help="when: RFC 3339 or epoch seconds, inside the bundle")
-    p.add_argument("--minutes", type=float, default=None, help="how long to simulate (default: to the bundle's end)")
+    p.add_argument(
+        "--at", required=True, metavar="T", help="when: RFC 3339 or epoch seconds, inside the bundle"
+    )
+    p.add_argument(
+        "--minutes", type=float, default=None, help="how long to simulate (default: to the bundle's end)"
+    )
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -24,19 +24,43 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second")
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--pool-tokens", type=int, default=None,
-                   help=f"KV pool size in tokens; same as --set pool_tokens=N (default {engine.pool_tokens})")
-    p.add_argument("--block-size", type=int, default=None,
-                   help=f"same as --set block_size=N (default {engine.block_size})")
+    p.add_argument(
+        "--pool-tokens",
+        type=int,
+        default=None,
+        help=f"KV pool size in tokens; same as --set pool_tokens=N (default {engine.pool_tokens})",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help=f"same as --set block_size=N (default {engine.block_size})",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mode", choices=["fast", "exact"], default=None,
-                   help=f"same as --set mode=M (default {engine.mode})")
-    p.add_argument("--output-tokens", type=int, default=200,
-                   help="mean natural answer length when max_tokens does not cut it")
-    p.add_argument("--no-prompt-tokens-details", action="store_true",
-                   help="behave like vLLM without --enable-prompt-tokens-details (no cached_tokens)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine or cost-model setting (repeatable)")
+    p.add_argument(
+        "--mode",
+        choices=["fast", "exact"],
+        default=None,
+        help=f"same as --set mode=M (default {engine.mode})",
+    )
+    p.add_argument(
+        "--output-tokens",
+        type=int,
+        default=200,
+        help="mean natural answer length when max_tokens does not cut it",
+    )
+    p.add_argument(
+        "--no-prompt-tokens-details",
+        action="store_true",
+        help="behave like vLLM without --enable-prompt-tokens-details (no cached_tokens)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine or cost-model setting (repeatable)",
+    )
 
 
 def serve_config(args: argparse.Namespace) -> SimConfig:
@@ -48,8 +72,10 @@ def serve_config(args: argparse.Namespace) -> SimConfig:
         if flag is None:
             continue
         if key in overrides and getattr(from_set.engine, key) != flag:
-            raise SimConfigError(f"--{key.replace('_', '-')} {flag} and --set {key}={overrides[key]} disagree; "
-                                 "give only one of them")
+            raise SimConfigError(
+                f"--{key.replace('_', '-')} {flag} and --set {key}={overrides[key]} disagree; "
+                "give only one of them"
+            )
         overrides[key] = flag
     return apply_overrides(SimConfig(), overrides)
 
@@ -65,8 +91,12 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.speed <= 0:
         print(f"error: --speed must be > 0, got {args.speed}", file=sys.stderr)
         return 2
-    serve = ServeConfig(model=args.model, speed=args.speed, seed=args.seed,
-                        default_output_tokens=args.output_tokens,
-                        prompt_tokens_details=not args.no_prompt_tokens_details)
+    serve = ServeConfig(
+        model=args.model,
+        speed=args.speed,
+        seed=args.seed,
+        default_output_tokens=args.output_tokens,
+        prompt_tokens_details=not args.no_prompt_tokens_details,
+    )
     serve_main(args.host, args.port, config.engine, serve, config.cost, log_level=args.log_level)
     return 0

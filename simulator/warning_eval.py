@@ -67,11 +67,16 @@ def run_plan(index: int, seed: int) -> tuple[str, dict[str, str]]:
     scenario = SCENARIOS[index % len(SCENARIOS)]
     if scenario == "agent-burst":
         sessions = rng.randint(*BURST_SESSIONS)
-        over = {"burst_rate": sessions / 300.0, "arrival_rate": PRESET_ARRIVAL * rng.uniform(0.9, 1.1),
-                "pool_tokens": int(PRESET_POOL * rng.uniform(0.9, 1.1))}
+        over = {
+            "burst_rate": sessions / 300.0,
+            "arrival_rate": PRESET_ARRIVAL * rng.uniform(0.9, 1.1),
+            "pool_tokens": int(PRESET_POOL * rng.uniform(0.9, 1.1)),
+        }
     else:
-        over = {"arrival_rate": PRESET_ARRIVAL * rng.uniform(1.0, 1.6),
-                "pool_tokens": int(PRESET_POOL * rng.uniform(0.85, 1.1))}
+        over = {
+            "arrival_rate": PRESET_ARRIVAL * rng.uniform(1.0, 1.6),
+            "pool_tokens": int(PRESET_POOL * rng.uniform(0.85, 1.1)),
+        }
     return scenario, {k: f"{v:.6g}" for k, v in over.items()}
 
 
@@ -108,18 +113,29 @@ def signal_points(result: dict[str, Any]) -> dict[str, Iterator[tuple[float, dic
     """Per-second signal points as the collectors would store them: ``{"sidecar": ..., "engine": ...}``."""
     s = result["series"]
     cfg = result["config"]
-    pool = int(cfg["engine"]["pool_tokens"]) // int(cfg["engine"]["block_size"]) * int(cfg["engine"]["block_size"])
+    pool = (
+        int(cfg["engine"]["pool_tokens"])
+        // int(cfg["engine"]["block_size"])
+        * int(cfg["engine"]["block_size"])
+    )
     queries, hits, turns = _cumsum(s["engine_queries"]), _cumsum(s["engine_hits"]), _cumsum(s["turns"])
 
     def engine() -> Iterator[tuple[float, dict[str, float]]]:
         prev = prev_ts = None
         for i, t in enumerate(s["t"]):
             snap = em.EngineSnapshot(
-                engine_label="0", prefix_cache_queries=queries[i], prefix_cache_hits=hits[i],
-                prompt_tokens=s["engine_prompt_tokens"][i], generation_tokens=s["generation_tokens"][i],
-                cached_tokens=s["engine_cached_tokens"][i], preemptions=s["preemptions"][i],
-                kv_usage=s["kv_usage"][i], requests_running=s["running"][i], requests_waiting=s["waiting"][i],
-                pool_tokens=pool)
+                engine_label="0",
+                prefix_cache_queries=queries[i],
+                prefix_cache_hits=hits[i],
+                prompt_tokens=s["engine_prompt_tokens"][i],
+                generation_tokens=s["generation_tokens"][i],
+                cached_tokens=s["engine_cached_tokens"][i],
+                preemptions=s["preemptions"][i],
+                kv_usage=s["kv_usage"][i],
+                requests_running=s["running"][i],
+                requests_waiting=s["waiting"][i],
+                pool_tokens=pool,
+            )
             values = em.interval_signals(prev, prev_ts, snap, float(t), max_gap_s=5.0).values
             prev, prev_ts = snap, float(t)
             yield float(t), values
@@ -131,12 +147,23 @@ def signal_points(result: dict[str, Any]) -> dict[str, Iterator[tuple[float, dic
             rt, rr = s["token_weighted"][i], s["request_weighted"][i]
             state = {
                 "started_at": 0.0,
-                "reuse": {"token_weighted": rt, "request_weighted": rr,
-                          "divergence": None if rt is None or rr is None else rr - rt},
-                "budgeter": {"mode": result["control"], "low": control["low_band"], "high": control["high_band"],
-                             "pool_tokens": pool, "demand_tokens": s["demand_tokens"][i]},
-                "backlog": {"admitted": s["admitted"][i], "parked": s["parked"][i],
-                            "waiting": s["waiting_sessions"][i]},
+                "reuse": {
+                    "token_weighted": rt,
+                    "request_weighted": rr,
+                    "divergence": None if rt is None or rr is None else rr - rt,
+                },
+                "budgeter": {
+                    "mode": result["control"],
+                    "low": control["low_band"],
+                    "high": control["high_band"],
+                    "pool_tokens": pool,
+                    "demand_tokens": s["demand_tokens"][i],
+                },
+                "backlog": {
+                    "admitted": s["admitted"][i],
+                    "parked": s["parked"][i],
+                    "waiting": s["waiting_sessions"][i],
+                },
                 "traffic": {"turns_total": turns[i]},
             }
             values = docs.state_signals(state)
@@ -177,15 +204,25 @@ def judge(index: int, seed: int, minutes: float) -> dict[str, Any]:
     horizon = minutes + FALSE_ALARM_S / 60.0
     result = run_scenario(scenario, "off", seed, horizon, overrides)
     s = result["series"]
-    degraded = [m for m in runs.degraded_minutes(s["prompt_tokens"], s["cached_tokens"], s["sessions_in_system"],
-                                                 horizon) if m >= runs.WINDOW_MIN]
+    degraded = [
+        m
+        for m in runs.degraded_minutes(
+            s["prompt_tokens"], s["cached_tokens"], s["sessions_in_system"], horizon
+        )
+        if m >= runs.WINDOW_MIN
+    ]
     onset = onset_s(s["prompt_tokens"], s["cached_tokens"], degraded[0]) if degraded else None
     points = signal_points(result)
     observed = minutes * 60.0
-    out: dict[str, Any] = {"index": index, "seed": seed, "scenario": scenario, "overrides": overrides,
-                           "first_degraded_min": degraded[0] if degraded else None,
-                           "onset_s": onset if onset is not None and onset <= observed else None,
-                           "onset_in_follow_up_s": onset if onset is not None and onset > observed else None}
+    out: dict[str, Any] = {
+        "index": index,
+        "seed": seed,
+        "scenario": scenario,
+        "overrides": overrides,
+        "first_degraded_min": degraded[0] if degraded else None,
+        "onset_s": onset if onset is not None and onset <= observed else None,
+        "onset_in_follow_up_s": onset if onset is not None and onset > observed else None,
+    }
     for mode in MODES:
         fired = firings(points[mode], mode)
         out[mode] = {rule: [t for t in times if t <= observed] for rule, times in fired.items()}
@@ -194,8 +231,10 @@ def judge(index: int, seed: int, minutes: float) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the figures
 def _lead_stats(leads: list[float]) -> dict[str, float | None]:
-    return {"lead_s_min": min(leads) if leads else None,
-            "lead_s_median": statistics.median(leads) if leads else None}
+    return {
+        "lead_s_min": min(leads) if leads else None,
+        "lead_s_median": statistics.median(leads) if leads else None,
+    }
 
 
 def summarize(results: list[dict[str, Any]], mode: str, rule: str = "collapse-risk") -> dict[str, Any]:
@@ -217,9 +256,13 @@ def summarize(results: list[dict[str, Any]], mode: str, rule: str = "collapse-ri
         if any(later is None or later - t > FALSE_ALARM_S for t in early):
             false_alarms += 1
     return {
-        "runs": len(results), "degraded_runs": len(degraded), "warned_before_degraded": warned,
-        "non_degraded_runs": len(results) - len(degraded), **_lead_stats(leads),
-        "false_alarm_runs": false_alarms, "required_lead_s": LEAD_S[mode],
+        "runs": len(results),
+        "degraded_runs": len(degraded),
+        "warned_before_degraded": warned,
+        "non_degraded_runs": len(results) - len(degraded),
+        **_lead_stats(leads),
+        "false_alarm_runs": false_alarms,
+        "required_lead_s": LEAD_S[mode],
         "late_or_missed_seeds": unwarned,
     }
 
@@ -229,10 +272,13 @@ def evaluate(results: list[dict[str, Any]]) -> dict[str, Any]:
     for mode in MODES:
         figures = summarize(results, mode)
         collapse = summarize(results, mode, "collapse")
-        figures["collapse_alert"] = {k: collapse[k] for k in ("warned_before_degraded", "lead_s_min", "lead_s_median",
-                                                              "false_alarm_runs")}
+        figures["collapse_alert"] = {
+            k: collapse[k]
+            for k in ("warned_before_degraded", "lead_s_min", "lead_s_median", "false_alarm_runs")
+        }
         figures["collapse_alert"]["fired_in_degraded_runs"] = sum(
-            1 for r in results if r["onset_s"] is not None and r[mode]["collapse"])
+            1 for r in results if r["onset_s"] is not None and r[mode]["collapse"]
+        )
         out[mode] = figures
     return out
 
@@ -243,26 +289,40 @@ def _job(args: tuple[int, int, float]) -> dict[str, Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=24, help="runs (scenarios in turn, seeds seed-base..)")
-    p.add_argument("--seed-base", type=int, default=DEFAULT_SEED_BASE,
-                   help="first seed (the default is not one of the tuning bases, docs/collapse-risk.md)")
-    p.add_argument("--minutes", type=float, default=45.0,
-                   help="simulated minutes judged per run (each run is simulated 10 minutes longer, the follow-up)")
+    p.add_argument(
+        "--seed-base",
+        type=int,
+        default=DEFAULT_SEED_BASE,
+        help="first seed (the default is not one of the tuning bases, docs/collapse-risk.md)",
+    )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=45.0,
+        help="simulated minutes judged per run (each run is simulated 10 minutes longer, the follow-up)",
+    )
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     p.add_argument("--out", required=True, type=Path, help="directory for warning.json and warning.md")
 
 
 def markdown(data: dict[str, Any]) -> str:
-    lines = [f"Seeds {data['seed_base']}..{data['seed_base'] + data['runs'] - 1}, {data['minutes']:g} simulated "
-             "minutes, control `off`:", "",
-             "| inputs | runs | degraded | warned ≥ lead before onset | lead min / median (s) | non-degraded "
-             "| false-alarm runs | collapse alert: before onset, lead median (s) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Seeds {data['seed_base']}..{data['seed_base'] + data['runs'] - 1}, {data['minutes']:g} simulated "
+        "minutes, control `off`:",
+        "",
+        "| inputs | runs | degraded | warned ≥ lead before onset | lead min / median (s) | non-degraded "
+        "| false-alarm runs | collapse alert: before onset, lead median (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for mode in MODES:
         f = data[mode]
         c = f["collapse_alert"]
-        lines.append(f"| {mode} | {f['runs']} | {f['degraded_runs']} | {f['warned_before_degraded']} "
-                     f"(≥ {f['required_lead_s']:g} s) | {f['lead_s_min']} / {f['lead_s_median']} | "
-                     f"{f['non_degraded_runs']} | {f['false_alarm_runs']} | {c['warned_before_degraded']}, "
-                     f"{c['lead_s_median']} |")
+        lines.append(
+            f"| {mode} | {f['runs']} | {f['degraded_runs']} | {f['warned_before_degraded']} "
+            f"(≥ {f['required_lead_s']:g} s) | {f['lead_s_min']} / {f['lead_s_median']} | "
+            f"{f['non_degraded_runs']} | {f['false_alarm_runs']} | {c['warned_before_degraded']}, "
+            f"{c['lead_s_median']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -280,9 +340,14 @@ def command(args: argparse.Namespace) -> int:
     workers = max(1, args.jobs or 0) if args.jobs else None
     with Pool(workers) as pool:
         results = list(tqdm(pool.imap(_job, jobs), total=len(jobs), desc="warning-eval runs", unit="run"))
-    data = {"seed_base": args.seed_base, "runs": args.runs, "minutes": args.minutes,
-            "command": " ".join(["python -m simulator", *sys.argv[1:]]), **evaluate(results),
-            "run_results": results}
+    data = {
+        "seed_base": args.seed_base,
+        "runs": args.runs,
+        "minutes": args.minutes,
+        "command": " ".join(["python -m simulator", *sys.argv[1:]]),
+        **evaluate(results),
+        "run_results": results,
+    }
     (args.out / "warning.json").write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
     md = markdown(data)
     (args.out / "warning.md").write_text(md)

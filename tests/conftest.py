@@ -21,8 +21,13 @@ def _starts_processes(module: ModuleType) -> bool:
         if value is support.running or value is subprocess:
             return True
         owner = sys.modules.get(getattr(value, "__module__", None) or "")
-        if owner is not None and owner is not module and owner.__name__.startswith("tests.") \
-                and owner is not support and getattr(owner, "running", None) is support.running:
+        if (
+            owner is not None
+            and owner is not module
+            and owner.__name__.startswith("tests.")
+            and owner is not support
+            and getattr(owner, "running", None) is support.running
+        ):
             return True
     return False
 

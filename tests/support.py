@@ -44,8 +44,14 @@ class FakeClock:
         self.t += seconds
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition", *,
-             interval: float = 0.2, tolerate: tuple[type[BaseException], ...] = ()) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 30.0,
+    what: str = "condition",
+    *,
+    interval: float = 0.2,
+    tolerate: tuple[type[BaseException], ...] = (),
+) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.
 
     Exceptions of the ``tolerate`` types count as "not yet" (a server still starting). On time-out
@@ -72,8 +78,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 30.0, *, proc: subprocess.Popen | None = None,
-              expect_text: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout: float = 30.0,
+    *,
+    proc: subprocess.Popen | None = None,
+    expect_text: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> None:
     """Poll `url` until it answers 200 (and contains `expect_text` when given).
 
     Raises RuntimeError early when `proc` exits before the URL answers.
@@ -110,9 +122,16 @@ def _stop(proc: subprocess.Popen, grace: float = 5.0) -> None:
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], *, name: str, ready_url: str | None = None, timeout: float = 30.0,
-            env: Mapping[str, str] | None = None, cwd: Path | None = None,
-            expect_text: str | None = None) -> Iterator[subprocess.Popen]:
+def running(
+    cmd: list[str],
+    *,
+    name: str,
+    ready_url: str | None = None,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    expect_text: str | None = None,
+) -> Iterator[subprocess.Popen]:
     """Start `cmd` in its own process group, wait until `ready_url` answers, stop it on exit.
 
     The process's stdout and stderr go to a temporary log; when start-up fails
@@ -124,8 +143,14 @@ def running(cmd: list[str], *, name: str, ready_url: str | None = None, timeout:
     if env:
         full_env.update(env)
     with tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen(cmd, cwd=str(cwd or REPO), env=full_env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=str(cwd or REPO),
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         proc.log_path = log.name  # type: ignore[attr-defined]
         try:
             if ready_url is not None:

@@ -27,8 +27,11 @@ def drive_sessions(sidecar: str, sessions: int, turns: int) -> None:
         for turn in range(turns):
             for sid, messages in histories.items():
                 messages.append({"role": "user", "content": f"turn {turn} of {sid}: " + "read file. " * 40})
-                response = client.post("/v1/chat/completions", headers={"X-Session-Id": sid},
-                                       json={"model": "sim-model", "messages": messages, "max_tokens": 16})
+                response = client.post(
+                    "/v1/chat/completions",
+                    headers={"X-Session-Id": sid},
+                    json={"model": "sim-model", "messages": messages, "max_tokens": 16},
+                )
                 assert response.status_code == 200, response.text
                 answer = response.json()["choices"][0]["message"]["content"]
                 messages.append({"role": "assistant", "content": answer})
@@ -57,12 +60,41 @@ def test_collectors_store_the_sidecars_token_weighted_hit_rate(tmp_path):
     sidecar = f"http://127.0.0.1:{sidecar_port}"
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     with (
-        running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--speed", "50",
-                 "--model", "sim-model"], name="simulator", ready_url=f"{engine}/health"),
-        running([PYTHON, "-m", "sidecar", "--engine", engine, "--port", str(sidecar_port),
-                 "--state-db", str(tmp_path / "sidecar.db")], name="sidecar", ready_url=f"{sidecar}/healthz"),
-        running([PYTHON, "-m", "collectors", "--engine", engine, "--sidecar", sidecar, "--database-url", db_url],
-                name="collectors"),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "simulator",
+                "serve",
+                "--port",
+                str(engine_port),
+                "--speed",
+                "50",
+                "--model",
+                "sim-model",
+            ],
+            name="simulator",
+            ready_url=f"{engine}/health",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine,
+                "--port",
+                str(sidecar_port),
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar}/healthz",
+        ),
+        running(
+            [PYTHON, "-m", "collectors", "--engine", engine, "--sidecar", sidecar, "--database-url", db_url],
+            name="collectors",
+        ),
     ):
         models = httpx.get(f"{sidecar}/v1/models", timeout=5).json()
         assert [m["id"] for m in models["data"]] == ["sim-model"]
@@ -71,7 +103,9 @@ def test_collectors_store_the_sidecars_token_weighted_hit_rate(tmp_path):
         state = httpx.get(f"{sidecar}/state", timeout=5).json()
         expected = state["reuse"]["token_weighted"]
         assert 0.3 < expected < 1.0  # later turns reuse their session's prefix
-        assert {s["id"] for s in httpx.get(f"{sidecar}/sessions", timeout=5).json()} >= {f"e2e-{i}" for i in range(4)}
+        assert {s["id"] for s in httpx.get(f"{sidecar}/sessions", timeout=5).json()} >= {
+            f"e2e-{i}" for i in range(4)
+        }
 
         db = make_engine(db_url, read_only=True)
         deadline = time.monotonic() + 20
@@ -85,15 +119,23 @@ def test_collectors_store_the_sidecars_token_weighted_hit_rate(tmp_path):
                 stored = latest
                 break
             time.sleep(0.3)
-        assert stored is not None, f"no stored token_weighted equal to the sidecar's {expected} (last: {latest})"
+        assert stored is not None, (
+            f"no stored token_weighted equal to the sidecar's {expected} (last: {latest})"
+        )
         assert engine_target["up"] and engine_target["kind"] == "vllm"
         # The engine's own counters saw the same traffic: its per-interval hit ratio rose with reuse.
         values: list[float] = []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (values and max(values) > 0.3):
             with db.connect() as conn:
-                ratios = q.series_range(conn, signals="engine_hit_ratio", start_ts=time.time() - 600,
-                                        end_ts=time.time(), target_ids=[engine_target["id"]], engine="0")
+                ratios = q.series_range(
+                    conn,
+                    signals="engine_hit_ratio",
+                    start_ts=time.time() - 600,
+                    end_ts=time.time(),
+                    target_ids=[engine_target["id"]],
+                    engine="0",
+                )
             values = [v for series in ratios["series"] for v in series["value"] if v is not None]
             time.sleep(0.3)
         assert values and max(values) > 0.3 and all(0.0 <= v <= 1.0 for v in values), values

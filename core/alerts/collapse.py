@@ -45,7 +45,9 @@ def _covered(points: list[tuple[float, float]], start: float, end: float) -> boo
     return len(points) >= 2 and points[-1][0] - points[0][0] >= 0.5 * (end - start)
 
 
-def _first_present(history: History, names: Iterable[str], start: float, end: float) -> tuple[str, list[tuple[float, float]]]:
+def _first_present(
+    history: History, names: Iterable[str], start: float, end: float
+) -> tuple[str, list[tuple[float, float]]]:
     for name in names:
         points = history.window(name, start, end)
         if points:
@@ -53,7 +55,9 @@ def _first_present(history: History, names: Iterable[str], start: float, end: fl
     return "", []
 
 
-def _backlog_points(history: History, start: float, end: float, bare_engine: bool) -> list[tuple[float, float]]:
+def _backlog_points(
+    history: History, start: float, end: float, bare_engine: bool
+) -> list[tuple[float, float]]:
     if not bare_engine:
         points = history.window(sig.SESSIONS_IN_SYSTEM, start, end)
         if points:
@@ -80,8 +84,15 @@ class CollapseReference:
         return max((v for _, v in self.samples), default=None)
 
 
-def collapse_condition(history: History, now: float, settings: AlertSettings, reference: CollapseReference,
-                       *, firing: bool, bare_engine: bool = False) -> Condition:
+def collapse_condition(
+    history: History,
+    now: float,
+    settings: AlertSettings,
+    reference: CollapseReference,
+    *,
+    firing: bool,
+    bare_engine: bool = False,
+) -> Condition:
     """The ``collapse`` rule at `now` (see the module docstring for the definition)."""
     w = settings.collapse_window_s
     start = now - w
@@ -90,7 +101,9 @@ def collapse_condition(history: History, now: float, settings: AlertSettings, re
     _, hit_pts = _first_present(history, hit_names, start, now)
     thr_name, thr_pts = _first_present(history, thr_names, start, now)
     backlog = _backlog_points(history, start, now, bare_engine)
-    if not (_covered(hit_pts, start, now) and _covered(thr_pts, start, now) and _covered(backlog, start, now)):
+    if not (
+        _covered(hit_pts, start, now) and _covered(thr_pts, start, now) and _covered(backlog, start, now)
+    ):
         return Condition(None)
     hit = _mean(hit_pts)
     thr = _mean(thr_pts)
@@ -101,9 +114,12 @@ def collapse_condition(history: History, now: float, settings: AlertSettings, re
         reference.add(now, thr, settings.collapse_baseline_s)
     growth = backlog[-1][1] - backlog[0][1]
     values: dict[str, float | None] = {
-        "hit_ratio_mean": round(hit, 4), "throughput_mean": round(thr, 4),
+        "hit_ratio_mean": round(hit, 4),
+        "throughput_mean": round(thr, 4),
         "throughput_reference": None if ref is None else round(ref, 4),
-        "backlog": backlog[-1][1], "backlog_growth": growth, "window_s": w,
+        "backlog": backlog[-1][1],
+        "backlog_growth": growth,
+        "window_s": w,
     }
     if ref is None or ref <= 0:
         return Condition(None, values)
@@ -114,10 +130,12 @@ def collapse_condition(history: History, now: float, settings: AlertSettings, re
     recovered = hit >= settings.collapse_recover_hit and growth <= 0
     unit = "turns/s" if thr_name == sig.TURNS_PER_S else "tokens/s"
     backlog_name = "requests running+waiting" if bare_engine else "sessions in system"
-    summary = (f"collapse: hit ratio {hit:.2f} (<= {settings.collapse_hit_below}) over the last {w:.0f} s, "
-               f"throughput {thr:.2f} {unit} vs {ref:.2f} healthy, {backlog_name} {backlog[-1][1]:.0f} "
-               f"({growth:+.0f} in {w:.0f} s). Park sessions (budgeter-park) to recover; stopping arrivals "
-               "alone does not.")
+    summary = (
+        f"collapse: hit ratio {hit:.2f} (<= {settings.collapse_hit_below}) over the last {w:.0f} s, "
+        f"throughput {thr:.2f} {unit} vs {ref:.2f} healthy, {backlog_name} {backlog[-1][1]:.0f} "
+        f"({growth:+.0f} in {w:.0f} s). Park sessions (budgeter-park) to recover; stopping arrivals "
+        "alone does not."
+    )
     return Condition(active, values, summary, exit_met=recovered)
 
 
@@ -126,5 +144,6 @@ def collapse_rule(ctx: RuleContext) -> Condition:
     if ctx.history is None:
         return Condition(None)
     reference = ctx.scratch.setdefault("reference", CollapseReference())
-    return collapse_condition(ctx.history, ctx.now, ctx.settings, reference, firing=ctx.firing,
-                              bare_engine=ctx.bare_engine)
+    return collapse_condition(
+        ctx.history, ctx.now, ctx.settings, reference, firing=ctx.firing, bare_engine=ctx.bare_engine
+    )

@@ -46,14 +46,19 @@ def down_condition(ctx: RuleContext) -> Condition:
         return Condition(None)
     s = ctx.settings
     failing = health.consecutive_failures >= s.down_after_failures and health.failing_since is not None
-    values: dict[str, float | None] = {"consecutive_failures": float(health.consecutive_failures),
-                                       "last_success_ts": health.last_success_ts}
+    values: dict[str, float | None] = {
+        "consecutive_failures": float(health.consecutive_failures),
+        "last_success_ts": health.last_success_ts,
+    }
     if not failing:
         return Condition(False, values)
     since = health.failing_since or ctx.now
-    return Condition(True, values,
-                     f"target down for {ctx.now - since:.0f} s ({health.consecutive_failures} failed scrapes): "
-                     f"{health.last_error or 'unknown error'}. Check the process and the URL.")
+    return Condition(
+        True,
+        values,
+        f"target down for {ctx.now - since:.0f} s ({health.consecutive_failures} failed scrapes): "
+        f"{health.last_error or 'unknown error'}. Check the process and the URL.",
+    )
 
 
 def stale_condition(ctx: RuleContext) -> Condition:
@@ -65,8 +70,12 @@ def stale_condition(ctx: RuleContext) -> Condition:
     if health.last_attempt_ok is False:
         return Condition(False, values)  # failing: that is target-down's business
     if age > ctx.settings.stale_after_s:
-        return Condition(True, values, f"no fresh data for {age:.0f} s although the target did not fail: "
-                         "scrapes are not happening (hung connection, stuck or overloaded collector).")
+        return Condition(
+            True,
+            values,
+            f"no fresh data for {age:.0f} s although the target did not fail: "
+            "scrapes are not happening (hung connection, stuck or overloaded collector).",
+        )
     return Condition(False, values)
 
 
@@ -85,10 +94,12 @@ def thin_condition(ctx: RuleContext) -> Condition:
     values = {"divergence": round(d, 4), "known_turns": known, "token_weighted": rt, "request_weighted": rr}
     if verdict is None:
         return Condition(None, values)
-    summary = (f"thin reuse: D = R_r - R_t = {d:.2f} (>= {s.thin_reuse_enter} over {known:.0f} known turns); "
-               f"R_r {'?' if rr is None else f'{rr:.2f}'} looks healthy but R_t "
-               f"{'?' if rt is None else f'{rt:.2f}'} is low. Defer compaction; check for a storm of "
-               "short low-overlap requests.")
+    summary = (
+        f"thin reuse: D = R_r - R_t = {d:.2f} (>= {s.thin_reuse_enter} over {known:.0f} known turns); "
+        f"R_r {'?' if rr is None else f'{rr:.2f}'} looks healthy but R_t "
+        f"{'?' if rt is None else f'{rt:.2f}'} is low. Defer compaction; check for a storm of "
+        "short low-overlap requests."
+    )
     return Condition(verdict == "enter", values, summary, exit_met=verdict == "exit")
 
 
@@ -99,12 +110,19 @@ def demand_condition(ctx: RuleContext) -> Condition:
         return Condition(None)
     high = history.latest(sig.BAND_HIGH)
     high = ctx.settings.demand_band_high if high is None else high
-    values = {"demand_fraction": round(fraction, 4), "band_high": high,
-              "demand_tokens": history.latest(sig.DEMAND_TOKENS), "pool_tokens": history.latest(sig.POOL_TOKENS)}
-    summary = (f"demand {fraction:.0%} of the KV pool, above the high band {high:.0%}: sessions' prefixes "
-               "will evict each other. Check the budgeter is on (budgeter-park) and not everything is pinned.")
-    return Condition(fraction > high, values, summary,
-                     exit_met=fraction <= high - ctx.settings.demand_exit_margin)
+    values = {
+        "demand_fraction": round(fraction, 4),
+        "band_high": high,
+        "demand_tokens": history.latest(sig.DEMAND_TOKENS),
+        "pool_tokens": history.latest(sig.POOL_TOKENS),
+    }
+    summary = (
+        f"demand {fraction:.0%} of the KV pool, above the high band {high:.0%}: sessions' prefixes "
+        "will evict each other. Check the budgeter is on (budgeter-park) and not everything is pinned."
+    )
+    return Condition(
+        fraction > high, values, summary, exit_met=fraction <= high - ctx.settings.demand_exit_margin
+    )
 
 
 def oldest_wait(history: History) -> float | None:
@@ -126,10 +144,12 @@ def admission_wait_condition(ctx: RuleContext) -> Condition:
     s = ctx.settings
     waiting = history.latest(sig.WAITING)
     values = {"oldest_waiting_s": round(wait, 1), "waiting": waiting, "limit_s": s.admission_wait_s}
-    summary = (f"admission wait: the oldest of {'?' if waiting is None else f'{waiting:.0f}'} waiting sessions "
-               f"has waited {wait:.0f} s for admission (limit {s.admission_wait_s:.0f} s). The hit rate is "
-               "held by queueing users: check demand against the pool on the Budgeter page, raise the "
-               "pool or the high band, or end idle sessions on the Sessions page.")
+    summary = (
+        f"admission wait: the oldest of {'?' if waiting is None else f'{waiting:.0f}'} waiting sessions "
+        f"has waited {wait:.0f} s for admission (limit {s.admission_wait_s:.0f} s). The hit rate is "
+        "held by queueing users: check demand against the pool on the Budgeter page, raise the "
+        "pool or the high band, or end idle sessions on the Sessions page."
+    )
     return Condition(wait > s.admission_wait_s, values, summary, exit_met=wait <= s.admission_wait_exit_s)
 
 

@@ -94,7 +94,8 @@ class AlertEvaluator:
             last,
             f"compaction granted at D = {d:.2f} (thin reuse, >= {enter}): it invalidates every cached block "
             "below the rewrite; defer compaction while D is high",
-            {"divergence": round(d, 4), "decision_ts": ts})
+            {"divergence": round(d, 4), "decision_ts": ts},
+        )
         return True
 
     def update_settings(self, settings: AlertSettings) -> None:
@@ -142,21 +143,44 @@ class AlertEvaluator:
         self._evaluated_at[(rule, key)] = now
         return True
 
-    def _step(self, rule: str, key: Key, now: float, *, history: History | None, health: TargetHealth,
-              bare_engine: bool = False) -> None:
+    def _step(
+        self,
+        rule: str,
+        key: Key,
+        now: float,
+        *,
+        history: History | None,
+        health: TargetHealth,
+        bare_engine: bool = False,
+    ) -> None:
         if not self._due(rule, key, now):
             return
         tracker = self._tracker(rule, key)
-        ctx = c.RuleContext(key=key, now=now, settings=self.settings, health=health, history=history,
-                            firing=tracker.firing, bare_engine=bare_engine,
-                            scratch=self.scratch.setdefault((rule, key), {}), thin_grant=self.thin_grants.get(key))
+        ctx = c.RuleContext(
+            key=key,
+            now=now,
+            settings=self.settings,
+            health=health,
+            history=history,
+            firing=tracker.firing,
+            bare_engine=bare_engine,
+            scratch=self.scratch.setdefault((rule, key), {}),
+            thin_grant=self.thin_grants.get(key),
+        )
         condition = CONDITIONS[rule](ctx)
         if condition.active is not None and condition.summary:
             self.last_summary[(rule, key)] = (condition.summary, condition.values)
         tracker.update(now, condition)
 
-    def evaluate_target(self, url: str, now: float, *, role: str, engine_labels: Iterable[str] = ("",),
-                        fronted_by_sidecar: bool = False) -> list[Transition]:
+    def evaluate_target(
+        self,
+        url: str,
+        now: float,
+        *,
+        role: str,
+        engine_labels: Iterable[str] = ("",),
+        fronted_by_sidecar: bool = False,
+    ) -> list[Transition]:
         """Run every rule that applies to one target; returns the alerts that fired or resolved."""
         health = self.health.get(url, TargetHealth())
         target_key: Key = (url, "")
@@ -214,21 +238,38 @@ class AlertEvaluator:
                 summary, values = self.last_summary.get(rk, ("", {}))
                 if want:
                     published.add(rk)
-                    out.append(Transition(spec.name, key, "firing", now, SEVERITY[spec.name], summary, dict(values)))
+                    out.append(
+                        Transition(spec.name, key, "firing", now, SEVERITY[spec.name], summary, dict(values))
+                    )
                     continue
                 published.discard(rk)
                 if cause is not None:
                     text = f"inhibited by {cause} (the cause, firing on this target): {summary}"
                 else:
                     text = f"resolved: {summary}" if summary else "resolved"
-                out.append(Transition(spec.name, key, "resolved", now, SEVERITY[spec.name], text, dict(values),
-                                      inhibited_by=cause))
+                out.append(
+                    Transition(
+                        spec.name,
+                        key,
+                        "resolved",
+                        now,
+                        SEVERITY[spec.name],
+                        text,
+                        dict(values),
+                        inhibited_by=cause,
+                    )
+                )
         return out
 
 
-def replay(points: Iterable[tuple[float, Mapping[str, float | None]]], *, url: str = "replay",
-           role: str = "sidecar", settings: AlertSettings | None = None,
-           on_transition: Callable[[Transition], None] | None = None) -> list[Transition]:
+def replay(
+    points: Iterable[tuple[float, Mapping[str, float | None]]],
+    *,
+    url: str = "replay",
+    role: str = "sidecar",
+    settings: AlertSettings | None = None,
+    on_transition: Callable[[Transition], None] | None = None,
+) -> list[Transition]:
     """Feed a recorded run (one (ts, signals) per second) through the evaluator; all transitions."""
     evaluator = AlertEvaluator(settings)
     out: list[Transition] = []

@@ -41,6 +41,10 @@ def collapse_risk_condition(ctx: RuleContext) -> Condition:
         return Condition(None)
     values: dict[str, float | None] = {"score": assessment.score}
     values.update({i.name: i.value for i in assessment.leading(3)})
-    summary = (f"{assessment.summary()}. Collapse is likely within minutes unless demand comes down: park "
-               "sessions, lower the high band or switch the sidecar to budgeter-park (docs/runbook.md#collapse-risk).")
-    return Condition(assessment.score >= s.risk_enter, values, summary, exit_met=assessment.score < s.risk_exit)
+    summary = (
+        f"{assessment.summary()}. Collapse is likely within minutes unless demand comes down: park "
+        "sessions, lower the high band or switch the sidecar to budgeter-park (docs/runbook.md#collapse-risk)."
+    )
+    return Condition(
+        assessment.score >= s.risk_enter, values, summary, exit_met=assessment.score < s.risk_exit
+    )

@@ -51,34 +51,102 @@ class RuleSpec:
 
 
 RULE_SPECS: tuple[RuleSpec, ...] = (
-    RuleSpec("target-down", "critical", ("target",), "down_for_s", "up_for_s", ("engine",),
-             "The target cannot be scraped: its last scrapes failed, so its numbers are not current."),
-    RuleSpec("stale-data", "warning", ("target",), None, None, ("engine",),
-             "The target answers, but no fresh sample has been stored for a while: every page shows old numbers."),
-    RuleSpec("thin-reuse", "warning", ("sidecar",), "thin_reuse_for_s", "thin_reuse_clear_s", ("compaction",),
-             "Thin reuse: most turns hit the cache (R_r) but few of their tokens do (R_t); compaction now "
-             "would invalidate what little is shared."),
-    RuleSpec("demand-over-band", "warning", ("sidecar",), "demand_for_s", "demand_clear_s", ("budgeter",),
-             "KV demand of admitted sessions is above the high band: the budgeter is not bringing it down."),
-    RuleSpec("compaction-in-thin-reuse", "critical", ("sidecar",), None, None, ("compaction",),
-             "A compaction was granted while thin reuse held: it invalidates every cached block below the rewrite."),
-    RuleSpec("admission-wait", "warning", ("sidecar",), "admission_wait_for_s", "admission_wait_clear_s",
-             ("budgeter", "sessions"),
-             "Sessions are queueing at the sidecar for admission: the hit rate is protected by moving latency "
-             "into a queue, and the oldest wait passed the limit."),
-    RuleSpec("collapse", "critical", ("sidecar", "engine"), "collapse_for_s", "collapse_clear_s", ("budgeter",),
-             "Metastable collapse: the hit ratio fell, throughput fell and the backlog keeps growing.",
-             eval_every_setting="collapse_eval_every_s"),
-    RuleSpec("collapse-risk", "warning", ("sidecar", "engine"), "risk_for_s", "risk_clear_s", ("budgeter", "engine"),
-             "Collapse risk: KV demand, misses and backlog are heading for the metastable collapse; acting now "
-             "(park, lower the high band) is cheap, afterwards recovery takes minutes."),
+    RuleSpec(
+        "target-down",
+        "critical",
+        ("target",),
+        "down_for_s",
+        "up_for_s",
+        ("engine",),
+        "The target cannot be scraped: its last scrapes failed, so its numbers are not current.",
+    ),
+    RuleSpec(
+        "stale-data",
+        "warning",
+        ("target",),
+        None,
+        None,
+        ("engine",),
+        "The target answers, but no fresh sample has been stored for a while: every page shows old numbers.",
+    ),
+    RuleSpec(
+        "thin-reuse",
+        "warning",
+        ("sidecar",),
+        "thin_reuse_for_s",
+        "thin_reuse_clear_s",
+        ("compaction",),
+        "Thin reuse: most turns hit the cache (R_r) but few of their tokens do (R_t); compaction now "
+        "would invalidate what little is shared.",
+    ),
+    RuleSpec(
+        "demand-over-band",
+        "warning",
+        ("sidecar",),
+        "demand_for_s",
+        "demand_clear_s",
+        ("budgeter",),
+        "KV demand of admitted sessions is above the high band: the budgeter is not bringing it down.",
+    ),
+    RuleSpec(
+        "compaction-in-thin-reuse",
+        "critical",
+        ("sidecar",),
+        None,
+        None,
+        ("compaction",),
+        "A compaction was granted while thin reuse held: it invalidates every cached block below the rewrite.",
+    ),
+    RuleSpec(
+        "admission-wait",
+        "warning",
+        ("sidecar",),
+        "admission_wait_for_s",
+        "admission_wait_clear_s",
+        ("budgeter", "sessions"),
+        "Sessions are queueing at the sidecar for admission: the hit rate is protected by moving latency "
+        "into a queue, and the oldest wait passed the limit.",
+    ),
+    RuleSpec(
+        "collapse",
+        "critical",
+        ("sidecar", "engine"),
+        "collapse_for_s",
+        "collapse_clear_s",
+        ("budgeter",),
+        "Metastable collapse: the hit ratio fell, throughput fell and the backlog keeps growing.",
+        eval_every_setting="collapse_eval_every_s",
+    ),
+    RuleSpec(
+        "collapse-risk",
+        "warning",
+        ("sidecar", "engine"),
+        "risk_for_s",
+        "risk_clear_s",
+        ("budgeter", "engine"),
+        "Collapse risk: KV demand, misses and backlog are heading for the metastable collapse; acting now "
+        "(park, lower the high band) is cheap, afterwards recovery takes minutes.",
+    ),
 )
 
 # Cause -> symptoms it inhibits on the same target (see the module docstring).
 INHIBITIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("target-down", ("stale-data", "thin-reuse", "demand-over-band", "compaction-in-thin-reuse", "admission-wait",
-                     "collapse", "collapse-risk")),
-    ("collapse", ("thin-reuse", "demand-over-band", "compaction-in-thin-reuse", "admission-wait", "collapse-risk")),
+    (
+        "target-down",
+        (
+            "stale-data",
+            "thin-reuse",
+            "demand-over-band",
+            "compaction-in-thin-reuse",
+            "admission-wait",
+            "collapse",
+            "collapse-risk",
+        ),
+    ),
+    (
+        "collapse",
+        ("thin-reuse", "demand-over-band", "compaction-in-thin-reuse", "admission-wait", "collapse-risk"),
+    ),
 )
 
 SPECS: dict[str, RuleSpec] = {spec.name: spec for spec in RULE_SPECS}
@@ -109,7 +177,9 @@ def _check() -> None:
     for spec in RULE_SPECS:
         bad_pages = [p for p in spec.fix_pages if p not in PAGES]
         if not spec.fix_pages or bad_pages:
-            raise ValueError(f"rule {spec.name}: fix_pages must name dashboard pages {PAGES}, got {spec.fix_pages}")
+            raise ValueError(
+                f"rule {spec.name}: fix_pages must name dashboard pages {PAGES}, got {spec.fix_pages}"
+            )
     for cause, symptom in inhibition_pairs():
         if cause not in SPECS or symptom not in SPECS or cause == symptom:
             raise ValueError(f"inhibition {cause} -> {symptom}: both must be distinct known rules")

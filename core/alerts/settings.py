@@ -67,38 +67,53 @@ class AlertSettings:
             if value < 0:
                 raise ValueError(f"alert setting {f.name} must not be negative, got {value}")
         if self.thin_reuse_exit >= self.thin_reuse_enter:
-            raise ValueError("thin_reuse_exit must be below thin_reuse_enter (hysteresis), "
-                             f"got {self.thin_reuse_exit} >= {self.thin_reuse_enter}")
+            raise ValueError(
+                "thin_reuse_exit must be below thin_reuse_enter (hysteresis), "
+                f"got {self.thin_reuse_exit} >= {self.thin_reuse_enter}"
+            )
         if self.thin_reuse_enter > 1:
             raise ValueError(f"thin_reuse_enter must be at most 1, got {self.thin_reuse_enter}")
         if self.thin_reuse_min_turns < 1 or self.thin_reuse_min_turns != int(self.thin_reuse_min_turns):
-            raise ValueError(f"thin_reuse_min_turns must be a whole number >= 1, got {self.thin_reuse_min_turns}")
+            raise ValueError(
+                f"thin_reuse_min_turns must be a whole number >= 1, got {self.thin_reuse_min_turns}"
+            )
         if self.collapse_recover_hit <= self.collapse_hit_below:
-            raise ValueError("collapse_recover_hit must be above collapse_hit_below (hysteresis), "
-                             f"got {self.collapse_recover_hit} <= {self.collapse_hit_below}")
+            raise ValueError(
+                "collapse_recover_hit must be above collapse_hit_below (hysteresis), "
+                f"got {self.collapse_recover_hit} <= {self.collapse_hit_below}"
+            )
         if not 0 < self.collapse_throughput_fraction < 1:
-            raise ValueError(f"collapse_throughput_fraction must be in (0, 1), got {self.collapse_throughput_fraction}")
+            raise ValueError(
+                f"collapse_throughput_fraction must be in (0, 1), got {self.collapse_throughput_fraction}"
+            )
         if self.collapse_window_s <= 0:
             raise ValueError(f"collapse_window_s must be positive, got {self.collapse_window_s}")
         if self.down_after_failures < 1:
             raise ValueError(f"down_after_failures must be at least 1, got {self.down_after_failures}")
         if self.risk_exit >= self.risk_enter or self.risk_enter > 1:
-            raise ValueError("risk_exit must be below risk_enter (hysteresis) and risk_enter at most 1, "
-                             f"got {self.risk_exit} and {self.risk_enter}")
+            raise ValueError(
+                "risk_exit must be below risk_enter (hysteresis) and risk_enter at most 1, "
+                f"got {self.risk_exit} and {self.risk_enter}"
+            )
         if self.risk_prefill_capacity_tokens_per_s <= 0:
-            raise ValueError("risk_prefill_capacity_tokens_per_s must be positive, "
-                             f"got {self.risk_prefill_capacity_tokens_per_s}")
+            raise ValueError(
+                "risk_prefill_capacity_tokens_per_s must be positive, "
+                f"got {self.risk_prefill_capacity_tokens_per_s}"
+            )
         if self.admission_wait_s <= 0:
             raise ValueError(f"admission_wait_s must be positive, got {self.admission_wait_s}")
         if not 0 < self.admission_wait_exit_fraction < 1:
-            raise ValueError("admission_wait_exit_fraction must be in (0, 1) (hysteresis), "
-                             f"got {self.admission_wait_exit_fraction}")
+            raise ValueError(
+                "admission_wait_exit_fraction must be in (0, 1) (hysteresis), "
+                f"got {self.admission_wait_exit_fraction}"
+            )
 
     @property
     def regime(self) -> RegimeConfig:
         """The thin-reuse judgement these settings describe (the same one the sidecar's regime uses)."""
-        return RegimeConfig(enter=self.thin_reuse_enter, exit=self.thin_reuse_exit,
-                            min_turns=int(self.thin_reuse_min_turns))
+        return RegimeConfig(
+            enter=self.thin_reuse_enter, exit=self.thin_reuse_exit, min_turns=int(self.thin_reuse_min_turns)
+        )
 
     @property
     def admission_wait_exit_s(self) -> float:

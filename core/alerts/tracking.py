@@ -21,12 +21,29 @@ from core import signals as sig
 Key = tuple[str, str]  # (target URL, engine label)
 
 # The only signals the rules read: histories keep nothing else (memory per target stays small).
-RULE_SIGNALS = frozenset({
-    sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED, sig.DIVERGENCE, sig.KNOWN_TURNS, sig.ENGINE_HIT_RATIO,
-    sig.TURNS_PER_S, sig.GENERATION_TOKENS_PER_S, sig.SESSIONS_IN_SYSTEM, sig.REQUESTS_RUNNING,
-    sig.REQUESTS_WAITING, sig.DEMAND_FRACTION, sig.DEMAND_TOKENS, sig.POOL_TOKENS, sig.BAND_HIGH,
-    sig.WAITING, sig.OLDEST_WAITING_S,
-}) | risk.INPUT_SIGNALS
+RULE_SIGNALS = (
+    frozenset(
+        {
+            sig.TOKEN_WEIGHTED,
+            sig.REQUEST_WEIGHTED,
+            sig.DIVERGENCE,
+            sig.KNOWN_TURNS,
+            sig.ENGINE_HIT_RATIO,
+            sig.TURNS_PER_S,
+            sig.GENERATION_TOKENS_PER_S,
+            sig.SESSIONS_IN_SYSTEM,
+            sig.REQUESTS_RUNNING,
+            sig.REQUESTS_WAITING,
+            sig.DEMAND_FRACTION,
+            sig.DEMAND_TOKENS,
+            sig.POOL_TOKENS,
+            sig.BAND_HIGH,
+            sig.WAITING,
+            sig.OLDEST_WAITING_S,
+        }
+    )
+    | risk.INPUT_SIGNALS
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +116,9 @@ class History:
         self.points: deque[tuple[float, dict[str, float]]] = deque()
 
     def add(self, ts: float, values: Mapping[str, float | None]) -> None:
-        clean = {k: float(v) for k, v in values.items()
-                 if k in RULE_SIGNALS and v is not None and math.isfinite(v)}
+        clean = {
+            k: float(v) for k, v in values.items() if k in RULE_SIGNALS and v is not None and math.isfinite(v)
+        }
         if not clean:
             return
         if self.points and ts <= self.points[-1][0]:

@@ -32,22 +32,38 @@ Buckets = tuple[tuple[float, float], ...]
 
 # family -> {kind: sample names, the first present wins}
 FAMILIES: dict[str, dict[str, tuple[str, ...]]] = {
-    "ttft": {"vllm": ("vllm:time_to_first_token_seconds_bucket",),
-             "sglang": ("sglang:time_to_first_token_seconds_bucket",)},
-    "e2e": {"vllm": ("vllm:e2e_request_latency_seconds_bucket",),
-            "sglang": ("sglang:e2e_request_latency_seconds_bucket",)},
-    "itl": {"vllm": ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket"),
-            "sglang": ("sglang:inter_token_latency_seconds_bucket", "sglang:time_per_output_token_seconds_bucket")},
-    "queue_time": {"vllm": ("vllm:request_queue_time_seconds_bucket",),
-                   "sglang": ("sglang:queue_time_seconds_bucket",)},
-    "prompt_len": {"vllm": ("vllm:request_prompt_tokens_bucket",),
-                   "sglang": ("sglang:prompt_tokens_histogram_bucket",)},
-    "output_len": {"vllm": ("vllm:request_generation_tokens_bucket",),
-                   "sglang": ("sglang:generation_tokens_histogram_bucket",)},
+    "ttft": {
+        "vllm": ("vllm:time_to_first_token_seconds_bucket",),
+        "sglang": ("sglang:time_to_first_token_seconds_bucket",),
+    },
+    "e2e": {
+        "vllm": ("vllm:e2e_request_latency_seconds_bucket",),
+        "sglang": ("sglang:e2e_request_latency_seconds_bucket",),
+    },
+    "itl": {
+        "vllm": ("vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket"),
+        "sglang": (
+            "sglang:inter_token_latency_seconds_bucket",
+            "sglang:time_per_output_token_seconds_bucket",
+        ),
+    },
+    "queue_time": {
+        "vllm": ("vllm:request_queue_time_seconds_bucket",),
+        "sglang": ("sglang:queue_time_seconds_bucket",),
+    },
+    "prompt_len": {
+        "vllm": ("vllm:request_prompt_tokens_bucket",),
+        "sglang": ("sglang:prompt_tokens_histogram_bucket",),
+    },
+    "output_len": {
+        "vllm": ("vllm:request_generation_tokens_bucket",),
+        "sglang": ("sglang:generation_tokens_histogram_bucket",),
+    },
 }
 QUANTILES: tuple[tuple[float, str], ...] = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
-BASES: frozenset[str] = frozenset(n.removesuffix("_bucket") for kinds in FAMILIES.values() for names in kinds.values()
-                                  for n in names)
+BASES: frozenset[str] = frozenset(
+    n.removesuffix("_bucket") for kinds in FAMILIES.values() for names in kinds.values() for n in names
+)
 
 
 def names_for(kind: str) -> dict[str, tuple[str, str]]:

@@ -19,20 +19,38 @@ from db.queries._common import Conn, engine_in, engine_out, id_list, run
 from db.queries.targets import targets
 
 
-def latest_samples(conn: Conn, *, target_ids: Sequence[int] | int | None = None,
-                   signals: Sequence[str] | None = None, max_age_s: float | None = None,
-                   now: float | None = None) -> list[dict[str, Any]]:
+def latest_samples(
+    conn: Conn,
+    *,
+    target_ids: Sequence[int] | int | None = None,
+    signals: Sequence[str] | None = None,
+    max_age_s: float | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
     """``{"series_id", "target_id", "engine", "signal", "ts", "value"}`` per series that has samples
     (those older than `max_age_s` before `now` left out)."""
     ids = id_list(target_ids)
     if ids is not None and not ids:
         return []
-    newest_ts = (select(func.max(Sample.ts)).where(Sample.series_id == Series.id).correlate(Series)
-                 .scalar_subquery())
-    newest_val = (select(Sample.value).where(Sample.series_id == Series.id).order_by(Sample.ts.desc()).limit(1)
-                  .correlate(Series).scalar_subquery())
-    stmt = select(Series.id, Series.target_id, Series.engine_label, Series.signal, newest_ts.label("ts"),
-                  newest_val.label("value"))
+    newest_ts = (
+        select(func.max(Sample.ts)).where(Sample.series_id == Series.id).correlate(Series).scalar_subquery()
+    )
+    newest_val = (
+        select(Sample.value)
+        .where(Sample.series_id == Series.id)
+        .order_by(Sample.ts.desc())
+        .limit(1)
+        .correlate(Series)
+        .scalar_subquery()
+    )
+    stmt = select(
+        Series.id,
+        Series.target_id,
+        Series.engine_label,
+        Series.signal,
+        newest_ts.label("ts"),
+        newest_val.label("value"),
+    )
     if ids is not None:
         stmt = stmt.where(Series.target_id.in_(ids))
     if signals is not None:
@@ -42,14 +60,27 @@ def latest_samples(conn: Conn, *, target_ids: Sequence[int] | int | None = None,
     for r in run(conn, stmt):
         if r["ts"] is None or r["value"] is None or (cutoff is not None and r["ts"] < cutoff):
             continue
-        out.append({"series_id": r["id"], "target_id": r["target_id"], "engine": engine_out(r["engine_label"]),
-                    "signal": r["signal"], "ts": float(r["ts"]), "value": float(r["value"])})
+        out.append(
+            {
+                "series_id": r["id"],
+                "target_id": r["target_id"],
+                "engine": engine_out(r["engine_label"]),
+                "signal": r["signal"],
+                "ts": float(r["ts"]),
+                "value": float(r["value"]),
+            }
+        )
     return out
 
 
-def latest_signals(conn: Conn, *, target_ids: Sequence[int] | None = None,
-                   signals: Sequence[str] | None = None,
-                   max_age_s: float | None = None, now: float | None = None) -> list[dict[str, Any]]:
+def latest_signals(
+    conn: Conn,
+    *,
+    target_ids: Sequence[int] | None = None,
+    signals: Sequence[str] | None = None,
+    max_age_s: float | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
     """Newest sample of every series: one dict per (target, engine label) with
     ``target_id, url, name, role, kind, up, engine, ts`` (newest of its samples) and one key per
     canonical signal present (its newest value). Samples older than `max_age_s` are left out."""
@@ -58,11 +89,19 @@ def latest_signals(conn: Conn, *, target_ids: Sequence[int] | None = None,
     grouped: dict[tuple[int, str | None], dict[str, Any]] = {}
     for row in samples:
         info = target_info.get(row["target_id"], {})
-        entry = grouped.setdefault((row["target_id"], row["engine"]), {
-            "target_id": row["target_id"], "url": info.get("url"), "name": info.get("name"),
-            "role": info.get("role"), "kind": info.get("kind"), "up": info.get("up"),
-            "engine": row["engine"], "ts": None,
-        })
+        entry = grouped.setdefault(
+            (row["target_id"], row["engine"]),
+            {
+                "target_id": row["target_id"],
+                "url": info.get("url"),
+                "name": info.get("name"),
+                "role": info.get("role"),
+                "kind": info.get("kind"),
+                "up": info.get("up"),
+                "engine": row["engine"],
+                "ts": None,
+            },
+        )
         entry[row["signal"]] = row["value"]
         entry["ts"] = max(entry["ts"] or 0.0, row["ts"])
     return sorted(grouped.values(), key=lambda e: (e["role"] or "", e["url"] or "", e["engine"] or ""))
@@ -81,7 +120,9 @@ def target_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(labelled) <= 1:
             out.extend(group)
             continue
-        total: dict[str, Any] = {k: labelled[0][k] for k in ("target_id", "url", "name", "role", "kind", "up")}
+        total: dict[str, Any] = {
+            k: labelled[0][k] for k in ("target_id", "url", "name", "role", "kind", "up")
+        }
         total["engine"] = None
         total["engines"] = sorted(r["engine"] for r in labelled)
         total["ts"] = max(r["ts"] for r in group)
@@ -95,20 +136,34 @@ def target_totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         hits, queries_ = total.get(sig.PREFIX_CACHE_HITS_PER_S), total.get(sig.PREFIX_CACHE_QUERIES_PER_S)
         if hits is not None and queries_:
             total[sig.ENGINE_HIT_RATIO] = min(1.0, max(0.0, hits / queries_))
-        weighted = [(r[sig.KV_USAGE], r.get(sig.POOL_TOKENS) or 0.0) for r in labelled if r.get(sig.KV_USAGE) is not None]
+        weighted = [
+            (r[sig.KV_USAGE], r.get(sig.POOL_TOKENS) or 0.0)
+            for r in labelled
+            if r.get(sig.KV_USAGE) is not None
+        ]
         if weighted:
             pool = sum(p for _, p in weighted)
-            total[sig.KV_USAGE] = (sum(u * p for u, p in weighted) / pool if pool
-                                   else sum(u for u, _ in weighted) / len(weighted))
+            total[sig.KV_USAGE] = (
+                sum(u * p for u, p in weighted) / pool
+                if pool
+                else sum(u for u, _ in weighted) / len(weighted)
+            )
         out.append(total)
     return out
 
 
-def latest_value(conn: Conn, target_id: int, signal: str, engine: str | None = None) -> tuple[float, float] | None:
+def latest_value(
+    conn: Conn, target_id: int, signal: str, engine: str | None = None
+) -> tuple[float, float] | None:
     """(ts, value) of the newest sample of one series, or None."""
-    stmt = (select(Sample.ts, Sample.value).join(Series, Series.id == Sample.series_id)
-            .where(Series.target_id == target_id, Series.signal == signal,
-                   Series.engine_label == engine_in(engine))
-            .order_by(Sample.ts.desc()).limit(1))
+    stmt = (
+        select(Sample.ts, Sample.value)
+        .join(Series, Series.id == Sample.series_id)
+        .where(
+            Series.target_id == target_id, Series.signal == signal, Series.engine_label == engine_in(engine)
+        )
+        .order_by(Sample.ts.desc())
+        .limit(1)
+    )
     found = run(conn, stmt)
     return (found[0]["ts"], found[0]["value"]) if found else None

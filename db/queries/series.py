@@ -40,7 +40,6 @@ def _append_points(found: list[Any], out: dict[int, dict[str, Any]]) -> None:
         entry["max"].extend(r[4] for r in items)
 
 
-
 def _bucket_expr(conn: Conn, column: Any, bucket_s: float) -> ColumnElement[Any]:
     if conn.dialect.name == "sqlite":
         # CAST truncates toward zero in SQLite; timestamps are positive.
@@ -48,8 +47,9 @@ def _bucket_expr(conn: Conn, column: Any, bucket_s: float) -> ColumnElement[Any]
     return func.floor(column / bucket_s) * bucket_s
 
 
-def choose_resolution(start_ts: float, end_ts: float, *, max_points: int = DEFAULT_MAX_POINTS,
-                      raw_interval_s: float = 1.0) -> tuple[str, float]:
+def choose_resolution(
+    start_ts: float, end_ts: float, *, max_points: int = DEFAULT_MAX_POINTS, raw_interval_s: float = 1.0
+) -> tuple[str, float]:
     """("raw" | "1m" | "10m", bucket seconds) so that (end - start) / bucket <= max_points.
 
     Raw samples (bucket 0 = unbucketed) while each point would cover at most 1 s; raw samples
@@ -74,28 +74,58 @@ def rollup_watermark(conn: Conn, key: str = ROLLUP_WATERMARK_KEY) -> float | Non
     return rows[0]["value"] if rows else None
 
 
-def _read_rollups(conn: Conn, model: Any, ids: list[int], start: float, end: float, bucket: float,
-                  out: dict[int, dict[str, Any]]) -> None:
+def _read_rollups(
+    conn: Conn,
+    model: Any,
+    ids: list[int],
+    start: float,
+    end: float,
+    bucket: float,
+    out: dict[int, dict[str, Any]],
+) -> None:
     if end <= start:
         return
     native = 600.0 if model is Rollup10m else 60.0
     if bucket <= native:
-        stmt = (select(model.series_id, model.ts.label("bucket"), model.mean.label("v"), model.min.label("mn"),
-                       model.max.label("mx"))
-                .where(model.series_id.in_(ids), model.ts >= start, model.ts < end).order_by(model.series_id, model.ts))
+        stmt = (
+            select(
+                model.series_id,
+                model.ts.label("bucket"),
+                model.mean.label("v"),
+                model.min.label("mn"),
+                model.max.label("mx"),
+            )
+            .where(model.series_id.in_(ids), model.ts >= start, model.ts < end)
+            .order_by(model.series_id, model.ts)
+        )
     else:
         b = _bucket_expr(conn, model.ts, bucket)
-        stmt = (select(model.series_id, b.label("bucket"),
-                       (func.sum(model.mean * model.count) / func.sum(model.count)).label("v"),
-                       func.min(model.min).label("mn"), func.max(model.max).label("mx"))
-                .where(model.series_id.in_(ids), model.ts >= start, model.ts < end)
-                .group_by(model.series_id, b).order_by(model.series_id, b))
+        stmt = (
+            select(
+                model.series_id,
+                b.label("bucket"),
+                (func.sum(model.mean * model.count) / func.sum(model.count)).label("v"),
+                func.min(model.min).label("mn"),
+                func.max(model.max).label("mx"),
+            )
+            .where(model.series_id.in_(ids), model.ts >= start, model.ts < end)
+            .group_by(model.series_id, b)
+            .order_by(model.series_id, b)
+        )
     _append_points(rows(conn, stmt), out)
 
 
-def series_range(conn: Conn, *, signals: Sequence[str] | str, start_ts: float, end_ts: float,
-                 target_ids: Sequence[int] | None = None, engine: str | None | bool = False,
-                 max_points: int = DEFAULT_MAX_POINTS, resolution: str | None = None) -> dict[str, Any]:
+def series_range(
+    conn: Conn,
+    *,
+    signals: Sequence[str] | str,
+    start_ts: float,
+    end_ts: float,
+    target_ids: Sequence[int] | None = None,
+    engine: str | None | bool = False,
+    max_points: int = DEFAULT_MAX_POINTS,
+    resolution: str | None = None,
+) -> dict[str, Any]:
     """Points of the matching series in [start_ts, end_ts].
 
     `engine`: False = every engine label; None = the target-level series (label ""); a string =
@@ -111,18 +141,29 @@ def series_range(conn: Conn, *, signals: Sequence[str] | str, start_ts: float, e
     chosen, bucket = choose_resolution(start_ts, end_ts, max_points=max_points)
     if resolution is not None and resolution != chosen:
         chosen = resolution
-        bucket = {"raw": bucket if bucket < 60 else 15.0, "1m": max(60.0, 60.0 * math.ceil(bucket / 60.0)),
-                  "10m": max(600.0, 600.0 * math.ceil(bucket / 600.0))}[resolution]
+        bucket = {
+            "raw": bucket if bucket < 60 else 15.0,
+            "1m": max(60.0, 60.0 * math.ceil(bucket / 60.0)),
+            "10m": max(600.0, 600.0 * math.ceil(bucket / 600.0)),
+        }[resolution]
     stmt = select(Series.id, Series.target_id, Series.engine_label, Series.signal).where(
-        Series.signal.in_(list(signals)))
+        Series.signal.in_(list(signals))
+    )
     if target_ids is not None:
         stmt = stmt.where(Series.target_id.in_(list(target_ids)))
     if engine is not False:
         stmt = stmt.where(Series.engine_label == engine_in(engine))  # type: ignore[arg-type]
     meta = {r["id"]: r for r in run(conn, stmt)}
     out: dict[int, dict[str, Any]] = {
-        sid: {"series_id": sid, "target_id": r["target_id"], "engine": engine_out(r["engine_label"]),
-              "signal": r["signal"], "ts": [], "value": [], **({"min": [], "max": []} if bucket else {})}
+        sid: {
+            "series_id": sid,
+            "target_id": r["target_id"],
+            "engine": engine_out(r["engine_label"]),
+            "signal": r["signal"],
+            "ts": [],
+            "value": [],
+            **({"min": [], "max": []} if bucket else {}),
+        }
         for sid, r in meta.items()
     }
     if not meta:
@@ -142,15 +183,25 @@ def series_range(conn: Conn, *, signals: Sequence[str] | str, start_ts: float, e
     if cursor <= end_ts:
         if bucket:
             b = _bucket_expr(conn, Sample.ts, bucket)
-            sstmt = (select(Sample.series_id, b.label("bucket"), func.avg(Sample.value).label("v"),
-                            func.min(Sample.value).label("mn"), func.max(Sample.value).label("mx"))
-                     .where(Sample.series_id.in_(ids), Sample.ts >= cursor, Sample.ts <= end_ts)
-                     .group_by(Sample.series_id, b).order_by(Sample.series_id, b))
+            sstmt = (
+                select(
+                    Sample.series_id,
+                    b.label("bucket"),
+                    func.avg(Sample.value).label("v"),
+                    func.min(Sample.value).label("mn"),
+                    func.max(Sample.value).label("mx"),
+                )
+                .where(Sample.series_id.in_(ids), Sample.ts >= cursor, Sample.ts <= end_ts)
+                .group_by(Sample.series_id, b)
+                .order_by(Sample.series_id, b)
+            )
             _append_points(rows(conn, sstmt), out)
         else:
-            sstmt = (select(Sample.series_id, Sample.ts, Sample.value)
-                     .where(Sample.series_id.in_(ids), Sample.ts >= cursor, Sample.ts <= end_ts)
-                     .order_by(Sample.series_id, Sample.ts))
+            sstmt = (
+                select(Sample.series_id, Sample.ts, Sample.value)
+                .where(Sample.series_id.in_(ids), Sample.ts >= cursor, Sample.ts <= end_ts)
+                .order_by(Sample.series_id, Sample.ts)
+            )
             for series_id, group in groupby(rows(conn, sstmt), key=itemgetter(0)):
                 entry = out[series_id]
                 items = list(group)

@@ -16,20 +16,30 @@ TargetIds = Sequence[int] | int | None
 def sidecar_state(conn: Conn, target_id: TargetIds = None) -> list[dict[str, Any]]:
     """Latest /state per sidecar: every column of ``sidecar_state`` (``state`` is the /state JSON,
     ``regime``, ``budgeter_mode``, ``compaction_deferred_until``, ``warnings``) plus url, name, engine_url."""
-    stmt = (select(*SidecarState.__table__.columns, Target.url, Target.name, Target.engine_url)
-            .join(Target, Target.id == SidecarState.target_id).order_by(Target.url))
+    stmt = (
+        select(*SidecarState.__table__.columns, Target.url, Target.name, Target.engine_url)
+        .join(Target, Target.id == SidecarState.target_id)
+        .order_by(Target.url)
+    )
     ids = id_list(target_id)
     if ids is not None:
         stmt = stmt.where(SidecarState.target_id.in_(ids))
     return run(conn, stmt)
 
 
-def sessions(conn: Conn, *, target_id: TargetIds = None, present_only: bool = True,
-             state: str | None = None, limit: int = 5000) -> list[dict[str, Any]]:
+def sessions(
+    conn: Conn,
+    *,
+    target_id: TargetIds = None,
+    present_only: bool = True,
+    state: str | None = None,
+    limit: int = 5000,
+) -> list[dict[str, Any]]:
     """Sessions the sidecars know (every column of ``sessions`` plus target_url, target_name),
     largest context first."""
-    stmt = select(*Session.__table__.columns, Target.url.label("target_url"), Target.name.label("target_name")) \
-        .join(Target, Target.id == Session.target_id)
+    stmt = select(
+        *Session.__table__.columns, Target.url.label("target_url"), Target.name.label("target_name")
+    ).join(Target, Target.id == Session.target_id)
     ids = id_list(target_id)
     if ids is not None:
         stmt = stmt.where(Session.target_id.in_(ids))
@@ -41,11 +51,13 @@ def sessions(conn: Conn, *, target_id: TargetIds = None, present_only: bool = Tr
     return run(conn, stmt)
 
 
-def subtrees(conn: Conn, *, target_id: TargetIds = None, present_only: bool = True,
-             limit: int = 5000) -> list[dict[str, Any]]:
+def subtrees(
+    conn: Conn, *, target_id: TargetIds = None, present_only: bool = True, limit: int = 5000
+) -> list[dict[str, Any]]:
     """Shared-prefix subtrees the sidecars track, most recently hit first."""
-    stmt = select(*Subtree.__table__.columns, Target.url.label("target_url")) \
-        .join(Target, Target.id == Subtree.target_id)
+    stmt = select(*Subtree.__table__.columns, Target.url.label("target_url")).join(
+        Target, Target.id == Subtree.target_id
+    )
     ids = id_list(target_id)
     if ids is not None:
         stmt = stmt.where(Subtree.target_id.in_(ids))
@@ -55,11 +67,18 @@ def subtrees(conn: Conn, *, target_id: TargetIds = None, present_only: bool = Tr
     return run(conn, stmt)
 
 
-def compaction_decisions(conn: Conn, *, target_id: TargetIds = None, since_ts: float | None = None,
-                         until_ts: float | None = None, limit: int = 500) -> list[dict[str, Any]]:
+def compaction_decisions(
+    conn: Conn,
+    *,
+    target_id: TargetIds = None,
+    since_ts: float | None = None,
+    until_ts: float | None = None,
+    limit: int = 500,
+) -> list[dict[str, Any]]:
     """Compaction decisions in [since_ts, until_ts], newest first."""
-    stmt = select(*CompactionDecision.__table__.columns, Target.url.label("target_url")) \
-        .join(Target, Target.id == CompactionDecision.target_id)
+    stmt = select(*CompactionDecision.__table__.columns, Target.url.label("target_url")).join(
+        Target, Target.id == CompactionDecision.target_id
+    )
     ids = id_list(target_id)
     if ids is not None:
         stmt = stmt.where(CompactionDecision.target_id.in_(ids))
@@ -70,12 +89,20 @@ def compaction_decisions(conn: Conn, *, target_id: TargetIds = None, since_ts: f
     return run(conn, stmt.order_by(CompactionDecision.ts.desc(), CompactionDecision.id.desc()).limit(limit))
 
 
-def audit(conn: Conn, *, target_id: TargetIds = None, source: str | None = None,
-          since_ts: float | None = None, until_ts: float | None = None, limit: int = 500) -> list[dict[str, Any]]:
+def audit(
+    conn: Conn,
+    *,
+    target_id: TargetIds = None,
+    source: str | None = None,
+    since_ts: float | None = None,
+    until_ts: float | None = None,
+    limit: int = 500,
+) -> list[dict[str, Any]]:
     """Audit trail (sidecar entries and dashboard actions) in [since_ts, until_ts], newest first;
     with target_url and target_name of the target (None for dashboard-wide rows)."""
-    stmt = select(*AuditEntry.__table__.columns, Target.url.label("target_url"),
-                  Target.name.label("target_name")).outerjoin(Target, Target.id == AuditEntry.target_id)
+    stmt = select(
+        *AuditEntry.__table__.columns, Target.url.label("target_url"), Target.name.label("target_name")
+    ).outerjoin(Target, Target.id == AuditEntry.target_id)
     ids = id_list(target_id)
     if ids is not None:
         stmt = stmt.where(AuditEntry.target_id.in_(ids))

@@ -29,12 +29,33 @@ from db.models import Turn as TurnRow
 from db.queries._common import Conn, id_list, rows, run
 
 LOOKBACK_S = 3600.0
-TURN_COLUMNS = ("id", "target_id", "remote_id", "ts", "session_id", "subtree_id", "prompt_tokens", "cached_tokens",
-                "completion_tokens", "held_s", "parked_s", "latency_s", "outcome", "model")
+TURN_COLUMNS = (
+    "id",
+    "target_id",
+    "remote_id",
+    "ts",
+    "session_id",
+    "subtree_id",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "held_s",
+    "parked_s",
+    "latency_s",
+    "outcome",
+    "model",
+)
 
 
-def turns(conn: Conn, *, target_id: Sequence[int] | int | None = None, start_ts: float | None = None,
-          end_ts: float | None = None, session: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+def turns(
+    conn: Conn,
+    *,
+    target_id: Sequence[int] | int | None = None,
+    start_ts: float | None = None,
+    end_ts: float | None = None,
+    session: str | None = None,
+    limit: int | None = None,
+) -> list[dict[str, Any]]:
     """Stored turns in ``[start_ts, end_ts)``, oldest first."""
     stmt = select(*(getattr(TurnRow, c) for c in TURN_COLUMNS))
     ids = id_list(target_id)
@@ -53,10 +74,16 @@ def turns(conn: Conn, *, target_id: Sequence[int] | int | None = None, start_ts:
 def prefix_changes(conn: Conn, start_ts: float, end_ts: float) -> dict[str, list[float]]:
     """Per subtree, the sorted times of granted compactions in ``[start_ts, end_ts)``, fleet-wide."""
     out: dict[str, list[float]] = {}
-    for subtree, ts in rows(conn, select(CompactionDecision.subtree_id, CompactionDecision.ts)
-                            .where(CompactionDecision.ts >= start_ts, CompactionDecision.ts < end_ts,
-                                   CompactionDecision.decision == "granted")
-                            .order_by(CompactionDecision.ts)):
+    for subtree, ts in rows(
+        conn,
+        select(CompactionDecision.subtree_id, CompactionDecision.ts)
+        .where(
+            CompactionDecision.ts >= start_ts,
+            CompactionDecision.ts < end_ts,
+            CompactionDecision.decision == "granted",
+        )
+        .order_by(CompactionDecision.ts),
+    ):
         if subtree is not None:
             out.setdefault(subtree, []).append(float(ts))
     return out
@@ -64,9 +91,13 @@ def prefix_changes(conn: Conn, start_ts: float, end_ts: float) -> dict[str, list
 
 def pressure_intervals(conn: Conn, start_ts: float, end_ts: float) -> list[tuple[float, float]]:
     """Sorted, merged intervals in which some sidecar's KV demand was above its pool (raw samples)."""
-    points = rows(conn, select(Sample.series_id, Sample.ts, Sample.value).join(Series, Series.id == Sample.series_id)
-                  .where(Series.signal == sig.DEMAND_FRACTION, Sample.ts >= start_ts, Sample.ts < end_ts)
-                  .order_by(Sample.series_id, Sample.ts))
+    points = rows(
+        conn,
+        select(Sample.series_id, Sample.ts, Sample.value)
+        .join(Series, Series.id == Sample.series_id)
+        .where(Series.signal == sig.DEMAND_FRACTION, Sample.ts >= start_ts, Sample.ts < end_ts)
+        .order_by(Sample.series_id, Sample.ts),
+    )
     spans: list[tuple[float, float]] = []
     for i, (series_id, ts, value) in enumerate(points):
         if value is None or value <= 1.0:
@@ -84,13 +115,28 @@ def pressure_intervals(conn: Conn, start_ts: float, end_ts: float) -> list[tuple
 
 
 def as_turn(row: dict[str, Any]) -> Turn:
-    return Turn(ts=row["ts"], prompt_tokens=row["prompt_tokens"] or 0, cached_tokens=row["cached_tokens"],
-                completion_tokens=row["completion_tokens"] or 0, session=row["session_id"],
-                subtree=row["subtree_id"], sidecar=str(row["target_id"]), parked_s=row["parked_s"] or 0.0)
+    return Turn(
+        ts=row["ts"],
+        prompt_tokens=row["prompt_tokens"] or 0,
+        cached_tokens=row["cached_tokens"],
+        completion_tokens=row["completion_tokens"] or 0,
+        session=row["session_id"],
+        subtree=row["subtree_id"],
+        sidecar=str(row["target_id"]),
+        parked_s=row["parked_s"] or 0.0,
+    )
 
 
-def miss_attribution(conn: Conn, *, sidecar_ids: Sequence[int], start_ts: float, end_ts: float, bucket_s: float,
-                     engine_hits: dict[float, float] | None = None, top_sessions: int = 20) -> dict[str, Any]:
+def miss_attribution(
+    conn: Conn,
+    *,
+    sidecar_ids: Sequence[int],
+    start_ts: float,
+    end_ts: float,
+    bucket_s: float,
+    engine_hits: dict[float, float] | None = None,
+    top_sessions: int = 20,
+) -> dict[str, Any]:
     """Missed tokens by cause over ``[start_ts, end_ts)``.
 
     Returns ``{"buckets": [{"ts", "cached", <cause>: tokens, ..., "recomputed": tokens or None}],
@@ -99,8 +145,10 @@ def miss_attribution(conn: Conn, *, sidecar_ids: Sequence[int], start_ts: float,
     prefix cache hit tokens per bucket start, for ``recomputed``.
     """
     lookback = start_ts - LOOKBACK_S
-    events = Events(prefix_changes=prefix_changes(conn, lookback, end_ts),
-                    pressure=pressure_intervals(conn, lookback, end_ts))
+    events = Events(
+        prefix_changes=prefix_changes(conn, lookback, end_ts),
+        pressure=pressure_intervals(conn, lookback, end_ts),
+    )
     attributor = Attributor(events)
     wanted = set(sidecar_ids)
     buckets: dict[float, dict[str, Any]] = {}
@@ -117,9 +165,16 @@ def miss_attribution(conn: Conn, *, sidecar_ids: Sequence[int], start_ts: float,
         for cause, n in parts.items():
             bucket[cause] += n
         if row["session_id"] is not None:
-            s = per_session.setdefault(row["session_id"], {"session": row["session_id"], "turns": 0,
-                                                           "prompt_tokens": 0, "missed": 0,
-                                                           **dict.fromkeys(CAUSES, 0)})
+            s = per_session.setdefault(
+                row["session_id"],
+                {
+                    "session": row["session_id"],
+                    "turns": 0,
+                    "prompt_tokens": 0,
+                    "missed": 0,
+                    **dict.fromkeys(CAUSES, 0),
+                },
+            )
             s["turns"] += 1
             s["prompt_tokens"] += row["prompt_tokens"]
             for cause, n in parts.items():
@@ -128,8 +183,11 @@ def miss_attribution(conn: Conn, *, sidecar_ids: Sequence[int], start_ts: float,
                     s["missed"] += n
     ordered = [buckets[k] for k in sorted(buckets)]
     for b in ordered:
-        b["recomputed"] = recomputed_hits((engine_hits or {}).get(b["ts"]), b["cached"]) \
-            if engine_hits is not None else None
+        b["recomputed"] = (
+            recomputed_hits((engine_hits or {}).get(b["ts"]), b["cached"])
+            if engine_hits is not None
+            else None
+        )
     totals = dict.fromkeys(CAUSES, 0)
     for b in ordered:
         for cause in CAUSES:

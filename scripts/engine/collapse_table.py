@@ -18,9 +18,11 @@ def fmt(v: object) -> str:
 def main(root: Path) -> int:
     runs = [json.loads(p.read_text()) for p in sorted(root.glob("**/run.json"))]
     runs.sort(key=lambda r: (r["seed"], r["scenario"] != "agent-steady", r["control"] != "off"))
-    print("| seed | scenario | control | collapsed (min 3) | degraded at minutes | degraded at end | recovered "
-          "| min to recover | R_t before / during / after | turns/s before / during / after | engine preemptions "
-          "| sessions at end |")
+    print(
+        "| seed | scenario | control | collapsed (min 3) | degraded at minutes | degraded at end | recovered "
+        "| min to recover | R_t before / during / after | turns/s before / during / after | engine preemptions "
+        "| sessions at end |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         s = r["summary"]
@@ -28,9 +30,11 @@ def main(root: Path) -> int:
         rt = " / ".join(fmt(ph.get(k, {}).get("token_weighted")) for k in ("before", "during", "after"))
         tps = " / ".join(fmt(ph.get(k, {}).get("turns_per_s")) for k in ("before", "during", "after"))
         degraded = ", ".join(str(m) for m in s["degraded_at"]) or "none"
-        print(f"| {r['seed']} | {r['scenario']} | {r['control']} | {s['collapsed']} | {degraded} | "
-              f"{s['degraded_at_end']} | {s['recovered']} | {fmt(s['minutes_to_recover'])} | {rt} | {tps} | "
-              f"{fmt(s['preemptions'])} | {int(s['end_sessions_in_system'])} |")
+        print(
+            f"| {r['seed']} | {r['scenario']} | {r['control']} | {s['collapsed']} | {degraded} | "
+            f"{s['degraded_at_end']} | {s['recovered']} | {fmt(s['minutes_to_recover'])} | {rt} | {tps} | "
+            f"{fmt(s['preemptions'])} | {int(s['end_sessions_in_system'])} |"
+        )
     return 0
 
 

@@ -22,19 +22,28 @@ from simulator.offline import run_scenario  # noqa: E402
 
 
 def verdict(series: dict, control_start_min: float, minutes: float, window_min: float) -> dict:
-    return judge_run(series["prompt_tokens"], series["cached_tokens"], series["turns"], series["sessions_in_system"],
-                     control_start_min=control_start_min, minutes=minutes, window_min=window_min).as_dict()
+    return judge_run(
+        series["prompt_tokens"],
+        series["cached_tokens"],
+        series["turns"],
+        series["sessions_in_system"],
+        control_start_min=control_start_min,
+        minutes=minutes,
+        window_min=window_min,
+    ).as_dict()
 
 
 def mean_turns_per_s(series: dict, lo_s: float, hi_s: float) -> float:
-    turns = series["turns"][int(lo_s):int(hi_s)]
+    turns = series["turns"][int(lo_s) : int(hi_s)]
     return sum(turns) / max(1.0, hi_s - lo_s)
 
 
 def main(fit_path: Path, root: Path) -> int:
     fit = fit_overrides(fit_path)
-    print("| seed | scenario | control | real R_t end / sim | real turns/s (min 1-end) / sim | real collapsed / sim "
-          "| real recovered / sim | agree |")
+    print(
+        "| seed | scenario | control | real R_t end / sim | real turns/s (min 1-end) / sim | real collapsed / sim "
+        "| real recovered / sim | agree |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for path in sorted(root.glob("**/run.json")):
@@ -48,16 +57,22 @@ def main(fit_path: Path, root: Path) -> int:
         sv = verdict(sim["series"], start, minutes, window)
         lt, st = (mean_turns_per_s(s, 60, minutes * 60) for s in (live["series"], sim["series"]))
         if live["scenario"] == "agent-steady":
-            ok = (lv["end_hit_ratio"] is not None and sv["end_hit_ratio"] is not None
-                  and abs(lv["end_hit_ratio"] - sv["end_hit_ratio"]) <= 0.1 and abs(st - lt) <= 0.2 * lt)
+            ok = (
+                lv["end_hit_ratio"] is not None
+                and sv["end_hit_ratio"] is not None
+                and abs(lv["end_hit_ratio"] - sv["end_hit_ratio"]) <= 0.1
+                and abs(st - lt) <= 0.2 * lt
+            )
         elif live["control"] == "off":
             ok = lv["collapsed"] == sv["collapsed"]
         else:
             ok = lv["recovered"] == sv["recovered"]
         rows.append((live["seed"], live["scenario"], live["control"]))
-        print(f"| {live['seed']} | {live['scenario']} | {live['control']} | {lv['end_hit_ratio']} / "
-              f"{sv['end_hit_ratio']} | {lt:.3f} / {st:.3f} | {lv['collapsed']} / {sv['collapsed']} | "
-              f"{lv['recovered']} / {sv['recovered']} | {'yes' if ok else 'NO'} |")
+        print(
+            f"| {live['seed']} | {live['scenario']} | {live['control']} | {lv['end_hit_ratio']} / "
+            f"{sv['end_hit_ratio']} | {lt:.3f} / {st:.3f} | {lv['collapsed']} / {sv['collapsed']} | "
+            f"{lv['recovered']} / {sv['recovered']} | {'yes' if ok else 'NO'} |"
+        )
     return 0 if rows else 1
 
 

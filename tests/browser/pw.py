@@ -20,8 +20,15 @@ import pytest
 from tests.support import ARTIFACTS, wait_http
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SCREENSHOTS = ARTIFACTS / "screenshots"
 
 
@@ -56,8 +63,9 @@ def wait_streamlit(base_url: str, timeout: float = 60.0) -> None:
 
 def wait_idle(page: Any, timeout_ms: int = 30_000) -> None:
     """Wait until the script run finished (stApp data-test-script-state="notRunning")."""
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_ms,
-                           state="attached")
+    page.wait_for_selector(
+        '[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=timeout_ms, state="attached"
+    )
 
 
 def open_page(page: Any, url: str) -> None:

@@ -26,8 +26,14 @@ COOKIE = "prefixops_session"
 
 
 def _cli(database_url: str, *args: str, stdin: str = "") -> str:
-    done = subprocess.run([PYTHON, "-m", "dashboard", "--database-url", database_url, "accounts", *args],
-                          input=stdin, text=True, capture_output=True, timeout=120, cwd=REPO)
+    done = subprocess.run(
+        [PYTHON, "-m", "dashboard", "--database-url", database_url, "accounts", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -43,9 +49,25 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     assert _cli(url, "add", "vera", "--role", "viewer", stdin=PASSWORD + "\n") == "added vera (viewer)\n"
     port = free_port()
     env = {"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600"}
-    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-    with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
-                 expect_text="ok", timeout=60):
+    cmd = [
+        PYTHON,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+    ]
+    with running(
+        cmd,
+        name="streamlit",
+        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
+        env=env,
+        expect_text="ok",
+        timeout=60,
+    ):
         yield f"http://127.0.0.1:{port}", url
 
 
@@ -112,11 +134,17 @@ def test_an_account_signs_in_and_stays_signed_in_across_a_reload(dashboard: tupl
     from db.models import SecurityEvent
 
     with make_engine(database_url).connect() as conn:
-        rows = conn.execute(select(SecurityEvent.event, SecurityEvent.account, SecurityEvent.outcome,
-                                   SecurityEvent.client).where(SecurityEvent.method != "cli")
-                            .order_by(SecurityEvent.id)).all()
-    assert [(r[0], r[1], r[2]) for r in rows] == [("sign-in", "ada", "wrong password"), ("sign-in", "ada", "ok"),
-                                                  ("account.add", "oscar", "ok"), ("sign-out", "ada", "ok")]
+        rows = conn.execute(
+            select(SecurityEvent.event, SecurityEvent.account, SecurityEvent.outcome, SecurityEvent.client)
+            .where(SecurityEvent.method != "cli")
+            .order_by(SecurityEvent.id)
+        ).all()
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("sign-in", "ada", "wrong password"),
+        ("sign-in", "ada", "ok"),
+        ("account.add", "oscar", "ok"),
+        ("sign-out", "ada", "ok"),
+    ]
     assert all(r[3] is None for r in rows)  # Streamlit reports no address for a loopback client
 
 

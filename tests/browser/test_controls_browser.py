@@ -50,10 +50,17 @@ def _drive_sessions(sidecar: str) -> None:
         model = client.get(f"{sidecar}/v1/models").json()["data"][0]["id"]
         for turn in range(2):
             for sid in SESSIONS:
-                body = {"model": model, "max_tokens": 8,
-                        "messages": [{"role": "system", "content": "You are a careful agent. " * 40},
-                                     {"role": "user", "content": f"{sid} turn {turn} " * 30}]}
-                response = client.post(f"{sidecar}/v1/chat/completions", json=body, headers={"X-Session-Id": sid})
+                body = {
+                    "model": model,
+                    "max_tokens": 8,
+                    "messages": [
+                        {"role": "system", "content": "You are a careful agent. " * 40},
+                        {"role": "user", "content": f"{sid} turn {turn} " * 30},
+                    ],
+                }
+                response = client.post(
+                    f"{sidecar}/v1/chat/completions", json=body, headers={"X-Session-Id": sid}
+                )
                 assert response.status_code == 200, response.text
 
 
@@ -79,25 +86,89 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sidecar = f"http://127.0.0.1:{p_sidecar}"
     database_url = f"sqlite:///{tmp / 'prefixops.db'}"
     config = tmp / "prefixops.toml"
-    config.write_text(f'[collector]\ninterval_s = 0.5\n\n[[engines]]\nurl = "{engine}"\nname = "sim"\n\n'
-                      f'[[sidecars]]\nurl = "{sidecar}"\nengine = "{engine}"\nname = "sim-sidecar"\n'
-                      f'operator_token = "{TOKEN}"\n')
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(p_engine), "--speed", "20"], name="simulator",
-                 ready_url=f"{engine}/v1/models"), \
-            running([PYTHON, "-m", "sidecar", "--engine", engine, "--port", str(p_sidecar),
-                     "--state-db", str(tmp / "sidecar.db")], name="sidecar", ready_url=f"{sidecar}/healthz",
-                    env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN}), \
-            running([PYTHON, "-m", "collectors", "--config", str(config), "--database-url", database_url],
-                    name="collectors"):
+    config.write_text(
+        f'[collector]\ninterval_s = 0.5\n\n[[engines]]\nurl = "{engine}"\nname = "sim"\n\n'
+        f'[[sidecars]]\nurl = "{sidecar}"\nengine = "{engine}"\nname = "sim-sidecar"\n'
+        f'operator_token = "{TOKEN}"\n'
+    )
+    with (
+        running(
+            [PYTHON, "-m", "simulator", "serve", "--port", str(p_engine), "--speed", "20"],
+            name="simulator",
+            ready_url=f"{engine}/v1/models",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine,
+                "--port",
+                str(p_sidecar),
+                "--state-db",
+                str(tmp / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar}/healthz",
+            env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN},
+        ),
+        running(
+            [PYTHON, "-m", "collectors", "--config", str(config), "--database-url", database_url],
+            name="collectors",
+        ),
+    ):
         _drive_sessions(sidecar)
-        wait_for(lambda: set(SESSIONS) <= _sessions_in_db(database_url), 60, "the collectors to record the sessions",
-                 interval=0.25, tolerate=(Exception,))  # the database may not exist yet
-        subprocess.run([PYTHON, "-m", "dashboard", "--database-url", database_url, "accounts", "add", "alice",
-                        "--role", "operator"], input=PASSPHRASE + "\n", text=True, check=True, timeout=60, cwd=REPO)
-        env = {"DATABASE_URL": database_url, "PREFIXOPS_CONFIG": str(config), "PREFIXOPS_REFRESH_SECONDS": "1"}
-        cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(p_dash), "--server.headless", "true"]
-        with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{p_dash}/_stcore/health",
-                     expect_text="ok", env=env, timeout=60):
+        wait_for(
+            lambda: set(SESSIONS) <= _sessions_in_db(database_url),
+            60,
+            "the collectors to record the sessions",
+            interval=0.25,
+            tolerate=(Exception,),
+        )  # the database may not exist yet
+        subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "dashboard",
+                "--database-url",
+                database_url,
+                "accounts",
+                "add",
+                "alice",
+                "--role",
+                "operator",
+            ],
+            input=PASSPHRASE + "\n",
+            text=True,
+            check=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        env = {
+            "DATABASE_URL": database_url,
+            "PREFIXOPS_CONFIG": str(config),
+            "PREFIXOPS_REFRESH_SECONDS": "1",
+        }
+        cmd = [
+            PYTHON,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.port",
+            str(p_dash),
+            "--server.headless",
+            "true",
+        ]
+        with running(
+            cmd,
+            name="streamlit",
+            ready_url=f"http://127.0.0.1:{p_dash}/_stcore/health",
+            expect_text="ok",
+            env=env,
+            timeout=60,
+        ):
             yield Stack(f"http://127.0.0.1:{p_dash}", sidecar, engine, database_url)
 
 
@@ -145,8 +216,9 @@ def test_signed_out_no_control_can_be_used(stack: Stack) -> None:
         assert page.get_by_role("button", name="Lift deferral", exact=True).is_disabled()
     state = httpx.get(f"{stack.sidecar}/state").json()
     assert state["compaction"]["deferred_until"] is None
-    assert all(s["state"] != "parked" for s in httpx.get(f"{stack.sidecar}/sessions").json()
-               if isinstance(s, dict))
+    assert all(
+        s["state"] != "parked" for s in httpx.get(f"{stack.sidecar}/sessions").json() if isinstance(s, dict)
+    )
 
 
 def test_operator_parks_a_session_and_the_sidecar_has_it_parked(stack: Stack) -> None:
@@ -186,7 +258,9 @@ def test_operator_changes_bands_seen_in_state_and_on_audit(stack: Stack) -> None
             page.wait_for_timeout(1000)
             return page.get_by_text("budgeter.update").count() > 0 and page.get_by_text("alice").count() > 0
 
-        wait_for(audit_shows_it, 60, "the band change on the Audit page", interval=0.25, tolerate=(Exception,))
+        wait_for(
+            audit_shows_it, 60, "the band change on the Audit page", interval=0.25, tolerate=(Exception,)
+        )
         screenshot(page, "live-audit-after-bands")
 
 

@@ -33,20 +33,55 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     turns, _ = recorded(now)
     with engine.begin() as conn:
         side = conn.execute(select(models.Target.id).where(models.Target.name == "a-sidecar")).scalar_one()
-        conn.execute(insert(models.Turn), [
-            {"target_id": side, "remote_id": 1_000_000 + t["id"], "ts": t["ts"], "session_id": t["session"],
-             "prompt_tokens": t["prompt_tokens"], "cached_tokens": t["cached_tokens"],
-             "completion_tokens": t["completion_tokens"], "held_s": t["held_s"], "parked_s": 0.0,
-             "latency_s": t["latency_s"], "outcome": t["outcome"]} for t in turns])
+        conn.execute(
+            insert(models.Turn),
+            [
+                {
+                    "target_id": side,
+                    "remote_id": 1_000_000 + t["id"],
+                    "ts": t["ts"],
+                    "session_id": t["session"],
+                    "prompt_tokens": t["prompt_tokens"],
+                    "cached_tokens": t["cached_tokens"],
+                    "completion_tokens": t["completion_tokens"],
+                    "held_s": t["held_s"],
+                    "parked_s": 0.0,
+                    "latency_s": t["latency_s"],
+                    "outcome": t["outcome"],
+                }
+                for t in turns
+            ],
+        )
     engine.dispose()
     fit = base / "fit.json"
     fit.write_text(json.dumps({"engine": ENGINES["a"]["engine_url"], "set": FIT}))
     port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_STALE_SECONDS": "600",
-           "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600", "PREFIXOPS_REFRESH_SECONDS": "5", "PREFIXOPS_FIT": str(fit)}
-    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-    with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
-                 expect_text="ok", timeout=60):
+    env = {
+        "DATABASE_URL": f"sqlite:///{path}",
+        "PREFIXOPS_STALE_SECONDS": "600",
+        "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
+        "PREFIXOPS_REFRESH_SECONDS": "5",
+        "PREFIXOPS_FIT": str(fit),
+    }
+    cmd = [
+        PYTHON,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+    ]
+    with running(
+        cmd,
+        name="streamlit",
+        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
+        env=env,
+        expect_text="ok",
+        timeout=60,
+    ):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -70,7 +105,8 @@ def test_forecast_runs_in_the_background_and_shows_both_runs(dashboard: str) -> 
         caption = page.get_by_text("cost model from fit").first
         assert caption.is_visible()
         assert table.first.get_by_text("proposed: off 0.75-0.95").count() == 1 or "off 0.75" in (
-            table.first.inner_text())
+            table.first.inner_text()
+        )
         page.wait_for_timeout(1500)
         wait_idle(page)
         assert page.locator("[data-testid='stException']").count() == 0

@@ -27,14 +27,33 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     engine, _now = filled_engine(f"sqlite:///{path}")
     engine.dispose()
     port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}",
-           # The fill is "now" when it runs; keep it fresh for the length of this module.
-           "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
-           # A refresh longer than a page's run on a loaded 2-core machine, so the page is seen idle.
-           "PREFIXOPS_REFRESH_SECONDS": "5"}
-    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-    with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
-                 expect_text="ok", timeout=60):
+    env = {
+        "DATABASE_URL": f"sqlite:///{path}",
+        # The fill is "now" when it runs; keep it fresh for the length of this module.
+        "PREFIXOPS_STALE_SECONDS": "600",
+        "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
+        # A refresh longer than a page's run on a loaded 2-core machine, so the page is seen idle.
+        "PREFIXOPS_REFRESH_SECONDS": "5",
+    }
+    cmd = [
+        PYTHON,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+    ]
+    with running(
+        cmd,
+        name="streamlit",
+        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
+        env=env,
+        expect_text="ok",
+        timeout=60,
+    ):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -60,8 +79,15 @@ def test_overview_shows_the_hit_rate_chart_with_data(dashboard: str) -> None:
         screenshot(page, "filled-overview")
 
 
-FILLED_PAGES = ["engine?engine=a", "engine?engine=b&range=24h", "sessions?engine=a", "budgeter?engine=a",
-                "compaction?engine=a", "alerts", "audit"]
+FILLED_PAGES = [
+    "engine?engine=a",
+    "engine?engine=b&range=24h",
+    "sessions?engine=a",
+    "budgeter?engine=a",
+    "compaction?engine=a",
+    "alerts",
+    "audit",
+]
 
 
 def test_every_page_renders_over_the_filled_database(dashboard: str) -> None:
@@ -96,13 +122,34 @@ def test_first_visitor_of_a_deep_link_after_a_server_start_gets_the_routed_page(
     engine.dispose()
     port = free_port()
     env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_REFRESH_SECONDS": "5"}
-    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-    with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
-                 expect_text="ok", timeout=60), browser_page() as page:
+    cmd = [
+        PYTHON,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+    ]
+    with (
+        running(
+            cmd,
+            name="streamlit",
+            ready_url=f"http://127.0.0.1:{port}/_stcore/health",
+            env=env,
+            expect_text="ok",
+            timeout=60,
+        ),
+        browser_page() as page,
+    ):
         open_page(page, f"http://127.0.0.1:{port}/engine?engine=a&range=24h")
         page.wait_for_timeout(1500)
         wait_idle(page)
         assert "Page not found" not in page.content()
         assert page.locator("h1").first.inner_text().strip() == "Engine"
-        assert page.get_by_label("Password", exact=True).count() == 1  # the router's sidebar (sign-in form) ran
+        assert (
+            page.get_by_label("Password", exact=True).count() == 1
+        )  # the router's sidebar (sign-in form) ran
         assert "range=24h" in page.url

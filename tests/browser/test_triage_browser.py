@@ -25,12 +25,31 @@ pytestmark = pytest.mark.browser
 
 def serve(path: Path) -> Iterator[str]:
     port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}",
-           "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
-           "PREFIXOPS_REFRESH_SECONDS": "5"}
-    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true"]
-    with running(cmd, name="streamlit", ready_url=f"http://127.0.0.1:{port}/_stcore/health", env=env,
-                 expect_text="ok", timeout=60):
+    env = {
+        "DATABASE_URL": f"sqlite:///{path}",
+        "PREFIXOPS_STALE_SECONDS": "600",
+        "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
+        "PREFIXOPS_REFRESH_SECONDS": "5",
+    }
+    cmd = [
+        PYTHON,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+    ]
+    with running(
+        cmd,
+        name="streamlit",
+        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
+        env=env,
+        expect_text="ok",
+        timeout=60,
+    ):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -41,17 +60,43 @@ def triage(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path = tmp_path_factory.mktemp("triage") / "triage.db"
     engine, now = filled_engine(f"sqlite:///{path}")
     with engine.begin() as conn:
-        conn.execute(update(Target).where(Target.name == "c-sidecar").values(
-            up=True, last_success_ts=now - 1, last_error=None, consecutive_failures=0))
+        conn.execute(
+            update(Target)
+            .where(Target.name == "c-sidecar")
+            .values(up=True, last_success_ts=now - 1, last_error=None, consecutive_failures=0)
+        )
         conn.execute(update(Target).where(Target.name == "c").values(last_error="ReadTimeout: engine hung"))
         b_side = conn.execute(select(Target.id).where(Target.name == "b-sidecar")).scalar_one()
         row = conn.execute(select(SidecarState.state).where(SidecarState.target_id == b_side)).scalar_one()
-        conn.execute(update(SidecarState).where(SidecarState.target_id == b_side).values(state=dict(
-            row, backlog={"admitted": 5, "parked": 0, "waiting": 13, "oldest_waiting_s": 84.0,
-                          "oldest_parked_s": None})))
-        conn.execute(insert(Alert).values(rule="admission-wait", target_id=b_side, engine_label="",
-                                          severity="warning", state="firing", started_ts=now - 30, last_eval_ts=now,
-                                          summary="queue", values={"oldest_waiting_s": 84.0}))
+        conn.execute(
+            update(SidecarState)
+            .where(SidecarState.target_id == b_side)
+            .values(
+                state=dict(
+                    row,
+                    backlog={
+                        "admitted": 5,
+                        "parked": 0,
+                        "waiting": 13,
+                        "oldest_waiting_s": 84.0,
+                        "oldest_parked_s": None,
+                    },
+                )
+            )
+        )
+        conn.execute(
+            insert(Alert).values(
+                rule="admission-wait",
+                target_id=b_side,
+                engine_label="",
+                severity="warning",
+                state="firing",
+                started_ts=now - 30,
+                last_eval_ts=now,
+                summary="queue",
+                values={"oldest_waiting_s": 84.0},
+            )
+        )
     engine.dispose()
     yield from serve(path)
 
@@ -68,8 +113,9 @@ def test_frozen_engine_and_the_sidecar_queue_on_the_overview(triage: str) -> Non
         body = text_of(page)
         assert "Page not found" not in page.content()
         # the frozen engine: its own last good scrape, not the live sidecar's
-        assert re.search(r"engine c not answering: ReadTimeout: engine hung \(its last good scrape 1\d min ago\)",
-                         body)
+        assert re.search(
+            r"engine c not answering: ReadTimeout: engine hung \(its last good scrape 1\d min ago\)", body
+        )
         # the queue at the sidecar: a state of its own, with the oldest wait
         assert "QUEUEING" in body
         assert "13 sessions waiting at the sidecar, the oldest for 84 s (limit 60 s)" in body
@@ -103,7 +149,8 @@ def test_engine_view_at_that_moment(triage: str) -> None:
         body = text_of(page)
         assert "sidecar warning" not in body  # today's warnings are not that moment's
         page.locator(".stPlotlyChart, [data-testid='stPlotlyChart']").first.locator(
-            "text=alert time").first.wait_for(timeout=30_000)
+            "text=alert time"
+        ).first.wait_for(timeout=30_000)
         page.wait_for_timeout(2000)
         screenshot(page, "triage-engine-at-that-moment")
 

@@ -42,7 +42,9 @@ class _Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def handle(self, path: str, query: dict[str, list[str]], headers: Any, mode: str) -> tuple[int, str, bytes]:
+    def handle(
+        self, path: str, query: dict[str, list[str]], headers: Any, mode: str
+    ) -> tuple[int, str, bytes]:
         raise NotImplementedError
 
     def start(self) -> _Server:
@@ -85,7 +87,9 @@ class _Server:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -110,8 +114,15 @@ class _Server:
 
 
 class FakeEngine(_Server):
-    def __init__(self, port: int = 0, *, queries_step: float = 1000.0, hits_step: float = 800.0,
-                 engines: tuple[str, ...] = ("0",), static_text: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        queries_step: float = 1000.0,
+        hits_step: float = 800.0,
+        engines: tuple[str, ...] = ("0",),
+        static_text: str | None = None,
+    ) -> None:
         super().__init__(port)
         self.queries_step = queries_step
         self.hits_step = hits_step
@@ -137,8 +148,11 @@ class FakeEngine(_Server):
             self.hits += self.hits_step
             self.generation += 100.0
             q, h, g = self.queries, self.hits, self.generation
-        lines = ["# HELP process_start_time_seconds Start time.", "# TYPE process_start_time_seconds gauge",
-                 f"process_start_time_seconds {self.process_start}"]
+        lines = [
+            "# HELP process_start_time_seconds Start time.",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.process_start}",
+        ]
         families = [
             ("vllm:num_requests_running", "gauge", self.running),
             ("vllm:num_requests_waiting", "gauge", self.waiting),
@@ -158,11 +172,15 @@ class FakeEngine(_Server):
                     lines.append(f'{created}{{engine="{e}",model_name="m"}} {self.process_start}')
         lines += ["# HELP vllm:cache_config_info x", "# TYPE vllm:cache_config_info gauge"]
         for e in self.engines:
-            lines.append(f'vllm:cache_config_info{{block_size="16",engine="{e}",kv_cache_size_tokens="400000",'
-                         f'num_gpu_blocks="25000"}} 1.0')
+            lines.append(
+                f'vllm:cache_config_info{{block_size="16",engine="{e}",kv_cache_size_tokens="400000",'
+                f'num_gpu_blocks="25000"}} 1.0'
+            )
         return "\n".join(lines) + "\n"
 
-    def handle(self, path: str, query: dict[str, list[str]], headers: Any, mode: str) -> tuple[int, str, bytes]:
+    def handle(
+        self, path: str, query: dict[str, list[str]], headers: Any, mode: str
+    ) -> tuple[int, str, bytes]:
         if not path.endswith("/metrics"):  # any prefix: one server can stand in for many targets
             return 404, "text/plain", b"not found"
         if mode == "slow":
@@ -172,33 +190,56 @@ class FakeEngine(_Server):
         if mode == "html":
             return 200, "text/html", b"<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>"
         if mode == "garbage":
-            return 200, "text/plain", b"vllm:num_requests_running{engine=\"0\" 7 7 7 oops\n\x00\x01garbage"
+            return 200, "text/plain", b'vllm:num_requests_running{engine="0" 7 7 7 oops\n\x00\x01garbage'
         if mode == "truncated":
             text = self.static_text or self.page()
-            return 200, "text/plain", text[: len(text) // 2].rsplit("\n", 1)[0].encode() + b'\nvllm:kv_cache_usage_perc{engine="0",mod'
+            return (
+                200,
+                "text/plain",
+                text[: len(text) // 2].rsplit("\n", 1)[0].encode()
+                + b'\nvllm:kv_cache_usage_perc{engine="0",mod',
+            )
         if mode == "huge":
             return 200, "text/plain", b"# comment\n" * 3_000_000
         text = self.static_text if self.static_text is not None else self.page()
         if mode == "nan":
-            text = text.replace("vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.42",
-                                "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} NaN")
+            text = text.replace(
+                'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42',
+                'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN',
+            )
         return 200, "text/plain; version=0.0.4", text.encode()
 
 
 def session_doc(sid: str, state: str, context_tokens: int, **extra: Any) -> dict[str, Any]:
     """A /sessions document with every field sidecar.wire.SessionDoc requires."""
     now = time.time()
-    doc: dict[str, Any] = {"id": sid, "state": state, "context_tokens": context_tokens, "turns": 1, "manual": False,
-                           "pinned": False, "held": 0, "in_flight": 0, "demand_tokens": context_tokens,
-                           "output_budget": 1024, "last_cached_fraction": 0.5, "prompt_tokens": context_tokens,
-                           "cached_tokens": 0, "failed_turns": 0, "arrived_at": now, "last_activity": now,
-                           "updated_at": now}
+    doc: dict[str, Any] = {
+        "id": sid,
+        "state": state,
+        "context_tokens": context_tokens,
+        "turns": 1,
+        "manual": False,
+        "pinned": False,
+        "held": 0,
+        "in_flight": 0,
+        "demand_tokens": context_tokens,
+        "output_budget": 1024,
+        "last_cached_fraction": 0.5,
+        "prompt_tokens": context_tokens,
+        "cached_tokens": 0,
+        "failed_turns": 0,
+        "arrived_at": now,
+        "last_activity": now,
+        "updated_at": now,
+    }
     doc.update(extra)
     return doc
 
 
 class FakeSidecar(_Server):
-    def __init__(self, port: int = 0, *, engine_url: str = "http://127.0.0.1:1", viewer_token: str | None = None) -> None:
+    def __init__(
+        self, port: int = 0, *, engine_url: str = "http://127.0.0.1:1", viewer_token: str | None = None
+    ) -> None:
         super().__init__(port)
         self.engine_url = engine_url
         self.viewer_token = viewer_token
@@ -210,8 +251,15 @@ class FakeSidecar(_Server):
             session_doc("s1", "admitted", 12000, turns=4, last_cached_fraction=0.9),
             session_doc("s2", "parked", 30000, turns=9, manual=True, last_cached_fraction=0.1),
         ]
-        self.subtrees: list[dict[str, Any]] = [{"id": "sys-a", "recent_hits": 12, "warm": True,
-                                                "pinned_under_pressure": True, "last_seen": time.time()}]
+        self.subtrees: list[dict[str, Any]] = [
+            {
+                "id": "sys-a",
+                "recent_hits": 12,
+                "warm": True,
+                "pinned_under_pressure": True,
+                "last_seen": time.time(),
+            }
+        ]
         self.decisions: list[dict[str, Any]] = []
         self.audit: list[dict[str, Any]] = []
         self.divergence = 0.1
@@ -231,36 +279,91 @@ class FakeSidecar(_Server):
         self.started_at = time.time()
 
     def add_decision(self, decision: str, regime: str = "normal", subtree: str = "sys-a") -> None:
-        self.decisions.append({"id": len(self.decisions) + 1, "ts": time.time(), "request_id": "r",
-                               "subtree_id": subtree, "decision": decision, "reason": "test", "urgency": "normal",
-                               "regime": regime, "request_reason": "", "warm": False, "recent_hits": 0,
-                               "recent_cached_tokens": 0})
+        self.decisions.append(
+            {
+                "id": len(self.decisions) + 1,
+                "ts": time.time(),
+                "request_id": "r",
+                "subtree_id": subtree,
+                "decision": decision,
+                "reason": "test",
+                "urgency": "normal",
+                "regime": regime,
+                "request_reason": "",
+                "warm": False,
+                "recent_hits": 0,
+                "recent_cached_tokens": 0,
+            }
+        )
 
     def add_audit(self, action: str) -> None:
-        self.audit.append({"id": len(self.audit) + 1, "ts": time.time(), "actor": "op", "role": "operator",
-                           "action": action, "params": {"x": 1}, "before": {}, "after": {"y": 2}})
+        self.audit.append(
+            {
+                "id": len(self.audit) + 1,
+                "ts": time.time(),
+                "actor": "op",
+                "role": "operator",
+                "action": action,
+                "params": {"x": 1},
+                "before": {},
+                "after": {"y": 2},
+            }
+        )
 
     def state(self) -> dict[str, Any]:
         self.turns_total += self.turns_step
         rt = 0.8 - self.divergence / 2
         # Every field sidecar.wire.StateDoc requires (tests/collectors/test_sessions_incremental.py checks).
         doc: dict[str, Any] = {
-            "ts": time.time(), "started_at": self.started_at, "engine": self.engine_url, "read_only": False,
+            "ts": time.time(),
+            "started_at": self.started_at,
+            "engine": self.engine_url,
+            "read_only": False,
             "restored": False,
-            "reuse": {"token_weighted": rt, "request_weighted": rt + self.divergence, "divergence": self.divergence,
-                      "regime": "thin-reuse" if self.divergence >= 0.5 else "normal", "window_s": 60.0,
-                      "low_cached_fraction": 0.25, "known_turns": 50, "regime_enter": 0.5, "regime_exit": 0.4,
-                      "regime_min_turns": 20},
+            "reuse": {
+                "token_weighted": rt,
+                "request_weighted": rt + self.divergence,
+                "divergence": self.divergence,
+                "regime": "thin-reuse" if self.divergence >= 0.5 else "normal",
+                "window_s": 60.0,
+                "low_cached_fraction": 0.25,
+                "known_turns": 50,
+                "regime_enter": 0.5,
+                "regime_exit": 0.4,
+                "regime_min_turns": 20,
+            },
             "reuse_last_turns": {"n": 100},
-            "budgeter": {"mode": "budgeter-park", "low": 0.75, "high": 0.95, "pool_tokens": 400000,
-                         "demand_tokens": 200000, "demand_fraction": 0.5, "acting": False, "session_cap": 0,
-                         "latency_limit_s": 30.0, "default_output_budget": 1024, "park_set": 1},
+            "budgeter": {
+                "mode": "budgeter-park",
+                "low": 0.75,
+                "high": 0.95,
+                "pool_tokens": 400000,
+                "demand_tokens": 200000,
+                "demand_fraction": 0.5,
+                "acting": False,
+                "session_cap": 0,
+                "latency_limit_s": 30.0,
+                "default_output_budget": 1024,
+                "park_set": 1,
+            },
             "backlog": {"admitted": 5, "parked": 1, "waiting": 2, "total": 8, "held_requests": 0},
-            "traffic": {"turns_total": self.turns_total, "in_flight": 0, "unknown_turns_total": 0,
-                        "engine_errors_total": 0, "unsessioned_in_flight": 0, "unsessioned_requests_total": 0,
-                        "unsessioned_turns_in_window": 0},
-            "compaction": {"deferred_until": None, "granted_total": 0, "deferred_total": 0, "top_k_pinned": 8,
-                           "warmth_floor": 2, "warmth_window_s": 600.0},
+            "traffic": {
+                "turns_total": self.turns_total,
+                "in_flight": 0,
+                "unknown_turns_total": 0,
+                "engine_errors_total": 0,
+                "unsessioned_in_flight": 0,
+                "unsessioned_requests_total": 0,
+                "unsessioned_turns_in_window": 0,
+            },
+            "compaction": {
+                "deferred_until": None,
+                "granted_total": 0,
+                "deferred_total": 0,
+                "top_k_pinned": 8,
+                "warmth_floor": 2,
+                "warmth_window_s": 600.0,
+            },
             "warnings": [],
         }
         for dotted, value in self.state_overrides.items():
@@ -287,7 +390,9 @@ class FakeSidecar(_Server):
         more = len(items) > limit
         return {"sessions": page, "next": f"{page[-1]['updated_at']!r}:{page[-1]['id']}" if more else None}
 
-    def handle(self, path: str, query: dict[str, list[str]], headers: Any, mode: str) -> tuple[int, str, bytes]:
+    def handle(
+        self, path: str, query: dict[str, list[str]], headers: Any, mode: str
+    ) -> tuple[int, str, bytes]:
         if self.viewer_token and headers.get("Authorization") != f"Bearer {self.viewer_token}":
             return 401, "application/json", b'{"error": "viewer token required"}'
         if mode == "badjson":

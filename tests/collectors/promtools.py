@@ -40,10 +40,17 @@ def prometheus_server(config_yaml: str, rule_files: dict[str, str] | None = None
         for name, text in (rule_files or {}).items():
             (root / name).write_text(text)
         (root / "prometheus.yml").write_text(config_yaml)
-        cmd = [binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
-               f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
-               "--log.level=warn"]
-        with running(cmd, name="prometheus", ready_url=f"http://127.0.0.1:{port}/-/ready", cwd=root, timeout=60):
+        cmd = [
+            binary,
+            f"--config.file={root / 'prometheus.yml'}",
+            f"--storage.tsdb.path={root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h",
+            "--log.level=warn",
+        ]
+        with running(
+            cmd, name="prometheus", ready_url=f"http://127.0.0.1:{port}/-/ready", cwd=root, timeout=60
+        ):
             yield f"http://127.0.0.1:{port}"
 
 
@@ -54,10 +61,17 @@ def alertmanager_server(config_yaml: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="prefixops-am-") as tmp:
         root = Path(tmp)
         (root / "alertmanager.yml").write_text(config_yaml)
-        cmd = [binary, f"--config.file={root / 'alertmanager.yml'}", f"--storage.path={root / 'data'}",
-               f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}",
-               "--log.level=warn"]
-        with running(cmd, name="alertmanager", ready_url=f"http://127.0.0.1:{port}/-/ready", cwd=root, timeout=60):
+        cmd = [
+            binary,
+            f"--config.file={root / 'alertmanager.yml'}",
+            f"--storage.path={root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--cluster.listen-address=127.0.0.1:{cluster}",
+            "--log.level=warn",
+        ]
+        with running(
+            cmd, name="alertmanager", ready_url=f"http://127.0.0.1:{port}/-/ready", cwd=root, timeout=60
+        ):
             yield f"http://127.0.0.1:{port}"
 
 

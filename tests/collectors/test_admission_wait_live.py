@@ -22,25 +22,57 @@ def test_admission_wait_fires_on_a_real_queue_and_resolves(tmp_path):
     engine_url, sidecar_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
     db = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     upgrade(db)
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port)], name="simulator",
-                 ready_url=f"{engine_url}/metrics"), \
-            running([PYTHON, "-m", "sidecar", "--engine", engine_url, "--port", str(sidecar_port), "--pool-tokens",
-                     "8000", "--state-db", str(tmp_path / "sidecar.db")], name="sidecar",
-                    ready_url=f"{sidecar_url}/healthz"):
+    with (
+        running(
+            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port)],
+            name="simulator",
+            ready_url=f"{engine_url}/metrics",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine_url,
+                "--port",
+                str(sidecar_port),
+                "--pool-tokens",
+                "8000",
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar_url}/healthz",
+        ),
+    ):
         model = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
         client = httpx.Client(base_url=sidecar_url, timeout=120)
-        big = "Every line of this report matters to the reader. " * 520  # ~6,400 tokens: demand above the low band (6,000)
-        r = client.post("/v1/completions", headers={"X-Session-Id": "big"},
-                        json={"model": model, "prompt": big, "max_tokens": 8})
+        big = (
+            "Every line of this report matters to the reader. " * 520
+        )  # ~6,400 tokens: demand above the low band (6,000)
+        r = client.post(
+            "/v1/completions",
+            headers={"X-Session-Id": "big"},
+            json={"model": model, "prompt": big, "max_tokens": 8},
+        )
         assert r.status_code == 200, r.text
         results: list[int] = []
-        waiter = threading.Thread(target=lambda: results.append(client.post(
-            "/v1/completions", headers={"X-Session-Id": "late"},
-            json={"model": model, "prompt": "A short question.", "max_tokens": 4}).status_code), daemon=True)
+        waiter = threading.Thread(
+            target=lambda: results.append(
+                client.post(
+                    "/v1/completions",
+                    headers={"X-Session-Id": "late"},
+                    json={"model": model, "prompt": "A short question.", "max_tokens": 4},
+                ).status_code
+            ),
+            daemon=True,
+        )
         waiter.start()
         settings = AlertSettings(admission_wait_s=2, admission_wait_for_s=0, admission_wait_clear_s=0)
-        collector = Collector(CollectorConfig(sidecars=(SidecarTarget(sidecar_url),), timeout_s=5.0,
-                                              alerts=settings), db)
+        collector = Collector(
+            CollectorConfig(sidecars=(SidecarTarget(sidecar_url),), timeout_s=5.0, alerts=settings), db
+        )
 
         def step() -> list[dict]:
             collector.scrape_target(sidecar_url)

@@ -53,7 +53,9 @@ def test_full_config(tmp_path):
     path.write_text(GOOD)
     config = load_config(path)
     assert [e.url for e in config.engines] == ["http://10.0.0.5:8000", "http://10.0.0.6:30000"]
-    assert config.engines[0].labels == {"cluster": "eu-1", "model": "llama"} and config.engines[0].kind == "vllm"
+    assert (
+        config.engines[0].labels == {"cluster": "eu-1", "model": "llama"} and config.engines[0].kind == "vllm"
+    )
     assert config.interval_for(config.engines[0]) == 2 and config.interval_for(config.engines[1]) == 5
     assert config.sidecars[0].engine == "http://10.0.0.5:8000" and config.sidecars[0].viewer_token == "v"
     assert config.webhooks[0].format == "alertmanager" and config.webhooks[0].max_attempts == 3
@@ -62,17 +64,20 @@ def test_full_config(tmp_path):
     assert config.source == str(path)
 
 
-@pytest.mark.parametrize(("doc", "message"), [
-    ('[[engines]]\nurl = "10.0.0.5:8000"', "URL must be http"),
-    ('[[engines]]\nurl = "http://h:1/metrics"', "give the base URL"),
-    ('[[engines]]\nurl = "http://h:1"\nkind = "tgi"', "kind must be one of"),
-    ('[[engines]]\nurl = "http://h:1"\ncolour = "red"', "unknown key"),
-    ('[[engines]]\nurl = "http://h:1"\n[[engines]]\nurl = "http://h:1/"', "listed twice"),
-    ('[[engines]]\nurl = "http://h:1"\ninterval_s = 0', "interval_s must be a positive number"),
-    ('[[webhooks]]\nurl = "http://h"\nformat = "slack"', "format must be one of"),
-    ('[alerts]\nthin_reuse_exit = 0.9', "thin_reuse_exit must be below"),
-    ('[nope]\nx = 1', "unknown key"),
-])
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ('[[engines]]\nurl = "10.0.0.5:8000"', "URL must be http"),
+        ('[[engines]]\nurl = "http://h:1/metrics"', "give the base URL"),
+        ('[[engines]]\nurl = "http://h:1"\nkind = "tgi"', "kind must be one of"),
+        ('[[engines]]\nurl = "http://h:1"\ncolour = "red"', "unknown key"),
+        ('[[engines]]\nurl = "http://h:1"\n[[engines]]\nurl = "http://h:1/"', "listed twice"),
+        ('[[engines]]\nurl = "http://h:1"\ninterval_s = 0', "interval_s must be a positive number"),
+        ('[[webhooks]]\nurl = "http://h"\nformat = "slack"', "format must be one of"),
+        ("[alerts]\nthin_reuse_exit = 0.9", "thin_reuse_exit must be below"),
+        ("[nope]\nx = 1", "unknown key"),
+    ],
+)
 def test_bad_config_is_rejected_with_the_offending_value(doc, message):
     import tomllib
 
@@ -99,10 +104,14 @@ def test_cli_targets_merge_without_duplicates():
 
 def test_cli_targets_take_a_display_name():
     file_config = CollectorConfig(engines=(EngineTarget("http://b:1", name="from-file"),))
-    config = file_config.with_cli_targets(["gpu-a=http://a:1/", "http://c:1", "gpu-b = http://b:1"],
-                                          ["gpu-a sidecar=http://s:2"])
-    assert [(e.url, e.name) for e in config.engines] == [("http://b:1", "gpu-b"), ("http://a:1", "gpu-a"),
-                                                         ("http://c:1", None)]
+    config = file_config.with_cli_targets(
+        ["gpu-a=http://a:1/", "http://c:1", "gpu-b = http://b:1"], ["gpu-a sidecar=http://s:2"]
+    )
+    assert [(e.url, e.name) for e in config.engines] == [
+        ("http://b:1", "gpu-b"),
+        ("http://a:1", "gpu-a"),
+        ("http://c:1", None),
+    ]
     assert [(s.url, s.name) for s in config.sidecars] == [("http://s:2", "gpu-a sidecar")]
     with pytest.raises(ConfigError, match="name before '=' is empty"):
         CollectorConfig().with_cli_targets(["=http://a:1"], [])
@@ -119,7 +128,9 @@ def test_environment_prefix_for_config_and_database(monkeypatch, tmp_path):
     assert _run_parser().parse_args([]).config == str(tmp_path / "fleet.toml")
     assert database_url() == "sqlite:///legacy.db"  # the unprefixed name is still read
     monkeypatch.setenv("PREFIXOPS_DATABASE_URL", "sqlite:///prefixed.db")
-    assert database_url() == "sqlite:///prefixed.db" and database_url("sqlite:///cli.db") == "sqlite:///cli.db"
+    assert (
+        database_url() == "sqlite:///prefixed.db" and database_url("sqlite:///cli.db") == "sqlite:///cli.db"
+    )
 
 
 def test_watcher_sees_changes_and_reports_broken_edits(tmp_path):

@@ -25,11 +25,21 @@ class Harness:
         self.clock = FakeClock()
         self.db = make_engine(db_url)
         upgrade(self.db)
-        settings = AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0, stale_after_s=30,
-                                 thin_reuse_for_s=2, thin_reuse_clear_s=2, compaction_hold_s=5)
-        config = CollectorConfig(engines=(EngineTarget(engine.url, name="fake"),),
-                                 sidecars=(SidecarTarget(sidecar.url, engine=engine.url),),
-                                 timeout_s=0.5, alerts=settings)
+        settings = AlertSettings(
+            down_after_failures=2,
+            down_for_s=0,
+            up_for_s=0,
+            stale_after_s=30,
+            thin_reuse_for_s=2,
+            thin_reuse_clear_s=2,
+            compaction_hold_s=5,
+        )
+        config = CollectorConfig(
+            engines=(EngineTarget(engine.url, name="fake"),),
+            sidecars=(SidecarTarget(sidecar.url, engine=engine.url),),
+            timeout_s=0.5,
+            alerts=settings,
+        )
         self.collector = Collector(config, self.db, clock=self.clock)
         self.engine, self.sidecar = engine, sidecar
 
@@ -45,11 +55,19 @@ class Harness:
 
     def values(self, signal: str, label: str = "0") -> list[tuple[float, float]]:
         with self.db.connect() as conn:
-            return [(r.ts, r.value) for r in conn.execute(
-                select(Sample.ts, Sample.value).join(Series, Series.id == Sample.series_id)
-                .where(Series.signal == signal, Series.engine_label == label,
-                       Series.target_id == self.collector.store.target_ids[self.engine.url])
-                .order_by(Sample.ts))]
+            return [
+                (r.ts, r.value)
+                for r in conn.execute(
+                    select(Sample.ts, Sample.value)
+                    .join(Series, Series.id == Sample.series_id)
+                    .where(
+                        Series.signal == signal,
+                        Series.engine_label == label,
+                        Series.target_id == self.collector.store.target_ids[self.engine.url],
+                    )
+                    .order_by(Sample.ts)
+                )
+            ]
 
     def target(self, url: str) -> dict:
         with self.db.connect() as conn:

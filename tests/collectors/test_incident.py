@@ -24,20 +24,43 @@ def filled(tmp_path: Path) -> tuple[str, float]:
     return url, now
 
 
-def test_export_then_open_a_gzip_bundle(filled: tuple[str, float], tmp_path: Path,
-                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_then_open_a_gzip_bundle(
+    filled: tuple[str, float], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url, now = filled
     engine = make_engine(url)
     with engine.begin() as conn:  # a secret that reached the audit must not reach the bundle
-        conn.execute(insert(AuditEntry).values(source="dashboard", ts=now - COLLAPSE_AGO, actor="alice",
-                                               action="webhook.add", params={"url": "http://hook",
-                                               "headers": {"X-Key": "s3cret-1"}, "api_token": "s3cret-2"},
-                                               data={}))
+        conn.execute(
+            insert(AuditEntry).values(
+                source="dashboard",
+                ts=now - COLLAPSE_AGO,
+                actor="alice",
+                action="webhook.add",
+                params={"url": "http://hook", "headers": {"X-Key": "s3cret-1"}, "api_token": "s3cret-2"},
+                data={},
+            )
+        )
     engine.dispose()
     out = tmp_path / "incident.json.gz"
     start, end = now - COLLAPSE_AGO - 300, now - COLLAPSE_AGO + 900
-    assert main(["export-incident", "--engine", "a", "--from", str(start), "--to", str(end), "--out", str(out),
-                 "--database-url", url]) == 0
+    assert (
+        main(
+            [
+                "export-incident",
+                "--engine",
+                "a",
+                "--from",
+                str(start),
+                "--to",
+                str(end),
+                "--out",
+                str(out),
+                "--database-url",
+                url,
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     raw = out.read_bytes()
     assert raw[:2] == b"\x1f\x8b"
@@ -56,8 +79,9 @@ def test_export_then_open_a_gzip_bundle(filled: tuple[str, float], tmp_path: Pat
     assert "webhook.add" in text and "http://hook" in text and "s3cret" not in text
 
 
-def test_rfc3339_times_plain_json_and_errors(filled: tuple[str, float], tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_rfc3339_times_plain_json_and_errors(
+    filled: tuple[str, float], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url, now = filled
     assert parse_time("2026-12-01T14:00:00Z", "--from") == parse_time("1796133600", "--from")
     with pytest.raises(IncidentError, match="--to"):
@@ -65,15 +89,52 @@ def test_rfc3339_times_plain_json_and_errors(filled: tuple[str, float], tmp_path
     with pytest.raises(IncidentError, match="time zone"):
         parse_time("2026-12-01T14:00:00", "--from")
     out = tmp_path / "b.json"
-    assert main(["export-incident", "--engine", "a", "--from", "1970-01-01T00:00:00Z", "--to", str(now),
-                 "--out", str(out), "--database-url", url]) == 0
+    assert (
+        main(
+            [
+                "export-incident",
+                "--engine",
+                "a",
+                "--from",
+                "1970-01-01T00:00:00Z",
+                "--to",
+                str(now),
+                "--out",
+                str(out),
+                "--database-url",
+                url,
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["format"] == "prefixops-incident/1"
-    assert main(["export-incident", "--engine", "zz", "--from", "0", "--to", "1", "--out", str(out),
-                 "--database-url", url]) == 2
+    assert (
+        main(
+            [
+                "export-incident",
+                "--engine",
+                "zz",
+                "--from",
+                "0",
+                "--to",
+                "1",
+                "--out",
+                str(out),
+                "--database-url",
+                url,
+            ]
+        )
+        == 2
+    )
     assert "'zz' is not an engine" in capsys.readouterr().err
 
 
 def test_scrub_drops_every_secret_key() -> None:
-    doc = {"a": 1, "viewer_token": "x", "prompt_tokens": 5, "Token": "t", "nested": [{"Authorization": "Bearer y", "headers": {"X": "1"},
-                                                     "password_hash": "z", "keep": 2}]}
+    doc = {
+        "a": 1,
+        "viewer_token": "x",
+        "prompt_tokens": 5,
+        "Token": "t",
+        "nested": [{"Authorization": "Bearer y", "headers": {"X": "1"}, "password_hash": "z", "keep": 2}],
+    }
     assert scrub(doc) == {"a": 1, "prompt_tokens": 5, "nested": [{"keep": 2}]}

@@ -60,9 +60,11 @@ def receiver():
 
 
 def make_collector(db, receiver_url: str, clock: FakeClock, fmt: str = "json") -> Collector:
-    config = CollectorConfig(engines=(EngineTarget(DOWN_URL, name="gone"),),
-                             webhooks=(Webhook(receiver_url, format=fmt, max_attempts=3),),
-                             alerts=AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0))
+    config = CollectorConfig(
+        engines=(EngineTarget(DOWN_URL, name="gone"),),
+        webhooks=(Webhook(receiver_url, format=fmt, max_attempts=3),),
+        alerts=AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0),
+    )
     return Collector(config, db, clock=clock)
 
 
@@ -88,7 +90,9 @@ def test_firing_notification_retries_then_no_duplicate_after_restart(db_url, rec
     assert outbox_count(db) == 1
     assert c.notifier.deliver_due(c.config.webhooks) == 0  # 503: retried later, not lost
     with db.connect() as conn:
-        row = conn.execute(select(Notification.attempts, Notification.last_error, Notification.next_attempt_ts)).one()
+        row = conn.execute(
+            select(Notification.attempts, Notification.last_error, Notification.next_attempt_ts)
+        ).one()
     assert row.attempts == 1 and "HTTP 503" in row.last_error and row.next_attempt_ts == clock.t + 2.0
     assert c.notifier.deliver_due(c.config.webhooks) == 0  # not due yet
     clock.t += 2.0
@@ -97,7 +101,9 @@ def test_firing_notification_retries_then_no_duplicate_after_restart(db_url, rec
     assert body["version"] == "4" and body["status"] == "firing"
     alert = body["alerts"][0]
     assert alert["labels"]["alertname"] == "target-down" and alert["labels"]["instance"] == DOWN_URL
-    assert alert["labels"]["severity"] == "critical" and "connection refused" in alert["annotations"]["summary"]
+    assert (
+        alert["labels"]["severity"] == "critical" and "connection refused" in alert["annotations"]["summary"]
+    )
     assert alert["startsAt"].endswith("Z") and headers["Idempotency-Key"].startswith("prefixops-")
     c.client.close()
 
@@ -131,7 +137,11 @@ def test_resolved_and_acknowledged_notifications_and_silences(db_url, receiver):
     assert receiver.posts[1][0]["alert"]["acknowledged_by"] == "alice"
     with db.connect() as conn:
         alert = queries.alerts(conn)[0]
-    assert alert["state"] == "resolved" and alert["resolved_ts"] is not None and alert["acknowledged_by"] == "alice"
+    assert (
+        alert["state"] == "resolved"
+        and alert["resolved_ts"] is not None
+        and alert["acknowledged_by"] == "alice"
+    )
 
     # A silence on the rule: the next episode is recorded but nobody is paged.
     target_id = c.store.target_ids[DOWN_URL]

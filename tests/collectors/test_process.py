@@ -20,30 +20,54 @@ from tests.support import PYTHON, REPO, read_log, running, wait_for
 def count_samples(db, url: str, signal_name: str) -> int:
     with db.connect() as conn:
         try:
-            return conn.execute(select(func.count()).select_from(Sample).join(Series, Series.id == Sample.series_id)
-                            .join(Target, Target.id == Series.target_id)
-                            .where(Target.url == url, Series.signal == signal_name)).scalar()
+            return conn.execute(
+                select(func.count())
+                .select_from(Sample)
+                .join(Series, Series.id == Sample.series_id)
+                .join(Target, Target.id == Series.target_id)
+                .where(Target.url == url, Series.signal == signal_name)
+            ).scalar()
         except OperationalError:
             return 0  # the collector is still creating the schema
 
 
 def status_json(db_url: str) -> list[dict]:
-    out = subprocess.run([PYTHON, "-m", "collectors", "status", "--json", "--database-url", db_url], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [PYTHON, "-m", "collectors", "status", "--json", "--database-url", db_url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
 def test_collectors_process_scrapes_reloads_and_stops_cleanly(tmp_path):
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
-    with FakeEngine() as engine, FakeSidecar() as sidecar, FakeEngine(queries_step=500, hits_step=100) as second:
+    with (
+        FakeEngine() as engine,
+        FakeSidecar() as sidecar,
+        FakeEngine(queries_step=500, hits_step=100) as second,
+    ):
         sidecar.viewer_token = "view-secret"
         config = tmp_path / "collectors.toml"
-        config.write_text(f'[collector]\ninterval_s = 0.5\n\n[[engines]]\nurl = "{engine.url}"\nname = "e0"\n\n'
-                          f'[[sidecars]]\nurl = "{sidecar.url}"\nengine = "{engine.url}"\n'
-                          f'viewer_token = "view-secret"\n')
-        cmd = [PYTHON, "-m", "collectors", "--config", str(config), "--engine", "http://127.0.0.1:9",
-               "--database-url", db_url]
+        config.write_text(
+            f'[collector]\ninterval_s = 0.5\n\n[[engines]]\nurl = "{engine.url}"\nname = "e0"\n\n'
+            f'[[sidecars]]\nurl = "{sidecar.url}"\nengine = "{engine.url}"\n'
+            f'viewer_token = "view-secret"\n'
+        )
+        cmd = [
+            PYTHON,
+            "-m",
+            "collectors",
+            "--config",
+            str(config),
+            "--engine",
+            "http://127.0.0.1:9",
+            "--database-url",
+            db_url,
+        ]
         with running(cmd, name="collectors") as proc:
             db = make_engine(db_url)
             wait_for(lambda: count_samples(db, engine.url, "engine_hit_ratio") >= 2, what="engine rows")
@@ -61,8 +85,12 @@ def test_collectors_process_scrapes_reloads_and_stops_cleanly(tmp_path):
 
             # Edit the file: a new engine is picked up without a restart.
             config.write_text(config.read_text() + f'\n[[engines]]\nurl = "{second.url}"\nkind = "vllm"\n')
-            wait_for(lambda: count_samples(db, second.url, "engine_hit_ratio") >= 1, what="reloaded target rows")
-            ratio = {(r["target"], r["engine"]): r for r in status_json(db_url)}[(second.url, "0")]["token_weighted"]
+            wait_for(
+                lambda: count_samples(db, second.url, "engine_hit_ratio") >= 1, what="reloaded target rows"
+            )
+            ratio = {(r["target"], r["engine"]): r for r in status_json(db_url)}[(second.url, "0")][
+                "token_weighted"
+            ]
             assert ratio == pytest.approx(0.2)
 
             with db.connect() as conn:
@@ -87,8 +115,18 @@ def test_once_exits_zero_with_a_down_target_and_keeps_history(tmp_path, backend,
 
         db_url = fresh_database(request.getfixturevalue("postgres_server_url"))
     with FakeEngine() as engine:
-        cmd = [PYTHON, "-m", "collectors", "--engine", engine.url, "--engine", "http://127.0.0.1:9", "--once",
-               "--database-url", db_url]
+        cmd = [
+            PYTHON,
+            "-m",
+            "collectors",
+            "--engine",
+            engine.url,
+            "--engine",
+            "http://127.0.0.1:9",
+            "--once",
+            "--database-url",
+            db_url,
+        ]
         for _ in range(2):
             done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
@@ -103,11 +141,19 @@ def test_once_exits_zero_with_a_down_target_and_keeps_history(tmp_path, backend,
 
 
 def test_status_and_bad_arguments(tmp_path):
-    missing = subprocess.run([PYTHON, "-m", "collectors", "status", "--database-url",
-                              f"sqlite:///{tmp_path / 'nope.db'}"], cwd=REPO, capture_output=True, text=True)
+    missing = subprocess.run(
+        [PYTHON, "-m", "collectors", "status", "--database-url", f"sqlite:///{tmp_path / 'nope.db'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert missing.returncode == 1 and "no database at" in missing.stderr
-    bad = subprocess.run([PYTHON, "-m", "collectors", "--engine", "localhost:8000", "--once"], cwd=REPO,
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [PYTHON, "-m", "collectors", "--engine", "localhost:8000", "--once"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "URL must be http" in bad.stderr and "Traceback" not in bad.stderr
     none = subprocess.run([PYTHON, "-m", "collectors", "--once"], cwd=REPO, capture_output=True, text=True)
     assert none.returncode == 2 and "no targets" in none.stderr
@@ -126,9 +172,11 @@ def test_slow_targets_do_not_delay_a_healthy_one(tmp_path):
         slow.mode = "slow"
         slow.slow_s = 60.0
         config = tmp_path / "c.toml"
-        config.write_text("[collector]\ninterval_s = 0.5\ntimeout_s = 1.0\n\n"
-                          + "".join(f'[[engines]]\nurl = "{slow.url}/s{i}"\n\n' for i in range(n_slow))
-                          + f'[[engines]]\nurl = "{healthy.url}"\n')
+        config.write_text(
+            "[collector]\ninterval_s = 0.5\ntimeout_s = 1.0\n\n"
+            + "".join(f'[[engines]]\nurl = "{slow.url}/s{i}"\n\n' for i in range(n_slow))
+            + f'[[engines]]\nurl = "{healthy.url}"\n'
+        )
         cmd = [PYTHON, "-m", "collectors", "--config", str(config), "--database-url", db_url]
         with running(cmd, name="collectors"):
             db = make_engine(db_url)
@@ -138,9 +186,13 @@ def test_slow_targets_do_not_delay_a_healthy_one(tmp_path):
 
             wait_for(lambda: slow_total() >= 2 * n_slow, what="every slow target failing", timeout=60)
             start, slow_start = count_samples(db, healthy.url, "up"), slow_total()
-            wait_for(lambda: slow_total() >= slow_start + rounds * n_slow, what="more slow rounds", timeout=90)
+            wait_for(
+                lambda: slow_total() >= slow_start + rounds * n_slow, what="more slow rounds", timeout=90
+            )
             healthy_done = count_samples(db, healthy.url, "up") - start
         assert healthy_done >= 2 * rounds, healthy_done
         with db.connect() as conn:
-            row = conn.execute(select(Target.up, Target.last_error).where(Target.url == f"{slow.url}/s0")).one()
+            row = conn.execute(
+                select(Target.up, Target.last_error).where(Target.url == f"{slow.url}/s0")
+            ).one()
         assert not row.up and "timeout" in row.last_error

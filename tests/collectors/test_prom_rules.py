@@ -56,7 +56,9 @@ def values(seq: list[float | None]) -> str:
     return " ".join("_" if v is None else f"{v:g}" for v in seq)
 
 
-def sidecar_reuse(turns: list[tuple[float, float]], cached_fraction: list[tuple[float, float]]) -> dict[str, list]:
+def sidecar_reuse(
+    turns: list[tuple[float, float]], cached_fraction: list[tuple[float, float]]
+) -> dict[str, list]:
     """Counters of a sidecar whose every known turn hits (R_r = 1); phases of (minutes, turns/step) and
     (minutes, cached fraction); 1000 prompt tokens per turn."""
     per_step_turns = gauge(*turns)
@@ -97,37 +99,93 @@ def _collapse_engine() -> dict[str, list]:
 
 # rule -> (case name, input series, [(minute, firing?)], extra alert labels)
 CASES: list[tuple[str, str, dict[str, list], list[tuple[float, bool]], dict[str, str]]] = [
-    ("target-down", "down-and-back", {
-        sel("up", ENG): [1] * 4 + [0] * 8 + [1] * 8,
-        sel("vllm:num_requests_running", {**ENG, "engine": "0"}): [1] * 4 + [None] * 8 + [1] * 8,
-    }, [(0.5, False), (1.75, True), (4.5, False)], ENG),
-    ("stale-data", "scrapes-stop", {
-        sel("up", ENG): [1] * 3 + [None] * 5 + [1] * 4,
-        sel("vllm:num_requests_running", {**ENG, "engine": "0"}): [1] * 3 + [None] * 5 + [1] * 4,
-    }, [(0.25, False), (1.5, True), (2.5, False)], ENG),
-    ("thin-reuse", "enter-hold-exit", sidecar_reuse(
-        [(18, 10)], [(3, 0.9), (5, 0.3), (5, 0.55), (5, 0.7)]),  # D: 0.1, 0.7, 0.45 (holds), 0.3
-     [(2, False), (6, True), (11, True), (17, False)], SIDE),
-    ("thin-reuse", "too-few-turns", sidecar_reuse([(10, 2)], [(10, 0.3)]),  # 8 known turns a minute < 20
-     [(3, False), (6, False), (9, False)], SIDE),
-    ("demand-over-band", "enter-hold-exit", {
-        sel("prefixops_sidecar_demand_tokens", SIDE): gauge((3, 50000), (5, 97000), (5, 94000), (5, 90000)),
-        sel("prefixops_sidecar_pool_tokens", SIDE): gauge((18, 100000)),
-        sel("prefixops_sidecar_band_high", SIDE): gauge((18, 0.95)),
-    }, [(2, False), (6, True), (11, True), (17, False)], SIDE),
-    ("compaction-in-thin-reuse", "grant-then-hold", {
-        **sidecar_reuse([(20, 10)], [(20, 0.3)]),
-        sel("prefixops_sidecar_compaction_decisions_total", {**SIDE, "decision": "granted", "urgency": "normal"}):
-            gauge((4, 0), (16, 1)),
-    }, [(3, False), (5, True), (14, True), (19, False)], SIDE),
-    ("admission-wait", "enter-hold-exit", {
-        sel("prefixops_sidecar_oldest_waiting_seconds", SIDE):
-            gauge((3, 0)) + [61.0 + STEP * i for i in range(steps(5))] + gauge((5, 45), (5, 10)),
-    }, [(2, False), (6, True), (11, True), (17, False)], SIDE),
-    ("collapse", "sidecar", _collapse_sidecar(), [(19, False), (30, True), (33, True), (48, False)],
-     {**SIDE, "scope": "sidecar"}),
-    ("collapse", "engine", _collapse_engine(), [(19, False), (30, True), (33, True), (48, False)],
-     {**ENG, "engine": "0", "scope": "engine"}),
+    (
+        "target-down",
+        "down-and-back",
+        {
+            sel("up", ENG): [1] * 4 + [0] * 8 + [1] * 8,
+            sel("vllm:num_requests_running", {**ENG, "engine": "0"}): [1] * 4 + [None] * 8 + [1] * 8,
+        },
+        [(0.5, False), (1.75, True), (4.5, False)],
+        ENG,
+    ),
+    (
+        "stale-data",
+        "scrapes-stop",
+        {
+            sel("up", ENG): [1] * 3 + [None] * 5 + [1] * 4,
+            sel("vllm:num_requests_running", {**ENG, "engine": "0"}): [1] * 3 + [None] * 5 + [1] * 4,
+        },
+        [(0.25, False), (1.5, True), (2.5, False)],
+        ENG,
+    ),
+    (
+        "thin-reuse",
+        "enter-hold-exit",
+        sidecar_reuse(
+            [(18, 10)], [(3, 0.9), (5, 0.3), (5, 0.55), (5, 0.7)]
+        ),  # D: 0.1, 0.7, 0.45 (holds), 0.3
+        [(2, False), (6, True), (11, True), (17, False)],
+        SIDE,
+    ),
+    (
+        "thin-reuse",
+        "too-few-turns",
+        sidecar_reuse([(10, 2)], [(10, 0.3)]),  # 8 known turns a minute < 20
+        [(3, False), (6, False), (9, False)],
+        SIDE,
+    ),
+    (
+        "demand-over-band",
+        "enter-hold-exit",
+        {
+            sel("prefixops_sidecar_demand_tokens", SIDE): gauge(
+                (3, 50000), (5, 97000), (5, 94000), (5, 90000)
+            ),
+            sel("prefixops_sidecar_pool_tokens", SIDE): gauge((18, 100000)),
+            sel("prefixops_sidecar_band_high", SIDE): gauge((18, 0.95)),
+        },
+        [(2, False), (6, True), (11, True), (17, False)],
+        SIDE,
+    ),
+    (
+        "compaction-in-thin-reuse",
+        "grant-then-hold",
+        {
+            **sidecar_reuse([(20, 10)], [(20, 0.3)]),
+            sel(
+                "prefixops_sidecar_compaction_decisions_total",
+                {**SIDE, "decision": "granted", "urgency": "normal"},
+            ): gauge((4, 0), (16, 1)),
+        },
+        [(3, False), (5, True), (14, True), (19, False)],
+        SIDE,
+    ),
+    (
+        "admission-wait",
+        "enter-hold-exit",
+        {
+            sel("prefixops_sidecar_oldest_waiting_seconds", SIDE): gauge((3, 0))
+            + [61.0 + STEP * i for i in range(steps(5))]
+            + gauge((5, 45), (5, 10)),
+        },
+        [(2, False), (6, True), (11, True), (17, False)],
+        SIDE,
+    ),
+    (
+        "collapse",
+        "sidecar",
+        _collapse_sidecar(),
+        [(19, False), (30, True), (33, True), (48, False)],
+        {**SIDE, "scope": "sidecar"},
+    ),
+    (
+        "collapse",
+        "engine",
+        _collapse_engine(),
+        [(19, False), (30, True), (33, True), (48, False)],
+        {**ENG, "engine": "0", "scope": "engine"},
+    ),
 ]
 
 
@@ -144,13 +202,20 @@ def _unit_tests(cases) -> dict:
     for rule, _name, series, checks, labels in cases:
         spec = SPECS[rule]
         expected = {"rule": rule, "severity": spec.severity, "service": "prefixops", **labels}
-        tests.append({
-            "interval": f"{STEP}s",
-            "input_series": [{"series": s, "values": values(v)} for s, v in series.items()],
-            "alert_rule_test": [{"eval_time": f"{round(minute * 60)}s", "alertname": alert_name(rule),
-                                 "exp_alerts": [{"exp_labels": expected}] if firing else []}
-                                for minute, firing in checks],
-        })
+        tests.append(
+            {
+                "interval": f"{STEP}s",
+                "input_series": [{"series": s, "values": values(v)} for s, v in series.items()],
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{round(minute * 60)}s",
+                        "alertname": alert_name(rule),
+                        "exp_alerts": [{"exp_labels": expected}] if firing else [],
+                    }
+                    for minute, firing in checks
+                ],
+            }
+        )
     return {"rule_files": ["rules.yml"], "evaluation_interval": f"{STEP}s", "tests": tests}
 
 
@@ -170,8 +235,14 @@ def test_every_core_rule_is_exported_with_runbook_and_annotations():
 
 
 def test_thresholds_and_windows_follow_the_settings():
-    s = AlertSettings(thin_reuse_enter=0.6, thin_reuse_exit=0.35, thin_reuse_min_turns=30, thin_reuse_for_s=45,
-                      admission_wait_s=120, collapse_window_s=600)
+    s = AlertSettings(
+        thin_reuse_enter=0.6,
+        thin_reuse_exit=0.35,
+        thin_reuse_min_turns=30,
+        thin_reuse_for_s=45,
+        admission_wait_s=120,
+        collapse_window_s=600,
+    )
     groups = rule_groups(ExportContext(s))
     by_rule = {r["labels"]["rule"]: r for g in groups["groups"] for r in g["rules"] if "alert" in r}
     thin = by_rule["thin-reuse"]
@@ -183,17 +254,26 @@ def test_thresholds_and_windows_follow_the_settings():
 
 
 def test_a_rule_that_promql_cannot_express_is_exported_as_a_marked_placeholder(monkeypatch):
-    monkeypatch.setitem(EXPORTS, "stale-data", lambda ctx: NotExpressible("stale-data", "needs the collector's clock"))
+    monkeypatch.setitem(
+        EXPORTS, "stale-data", lambda ctx: NotExpressible("stale-data", "needs the collector's clock")
+    )
     groups = rule_groups(ExportContext(AlertSettings()))
-    stale = next(r for g in groups["groups"] for r in g["rules"] if r.get("labels", {}).get("rule") == "stale-data")
+    stale = next(
+        r for g in groups["groups"] for r in g["rules"] if r.get("labels", {}).get("rule") == "stale-data"
+    )
     assert stale["annotations"]["not_expressible_in_promql"] == "needs the collector's clock"
     assert "Not expressible in PromQL" in stale["annotations"]["description"]
 
 
 def test_export_command_writes_files_that_promtool_and_amtool_accept(tmp_path):
     promtool = require_binary("promtool")
-    proc = subprocess.run([sys.executable, "-m", "collectors", "export-rules", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "collectors", "export-rules", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rules = tmp_path / prom_export.RULES_FILE
     assert yaml.safe_load(rules.read_text()) == rule_groups(ExportContext(AlertSettings()))
@@ -219,14 +299,20 @@ def test_export_command_writes_files_that_promtool_and_amtool_accept(tmp_path):
 
 def test_every_exported_alert_has_a_promtool_case_that_fires_and_resolves():
     groups = rule_groups(ExportContext(AlertSettings()))
-    exported = {(r["labels"]["rule"], r["labels"].get("scope")) for g in groups["groups"] for r in g["rules"]
-                if "alert" in r and "not_expressible_in_promql" not in r["annotations"]}
+    exported = {
+        (r["labels"]["rule"], r["labels"].get("scope"))
+        for g in groups["groups"]
+        for r in g["rules"]
+        if "alert" in r and "not_expressible_in_promql" not in r["annotations"]
+    }
     covered = set()
     for rule, _name, _series, checks, labels in CASES:
         states = [firing for _, firing in checks]
         if True in states and states[-1] is False:
             covered.add((rule, labels.get("scope")))
-    assert exported <= covered, f"exported alerts without a firing-and-resolving promtool case: {exported - covered}"
+    assert exported <= covered, (
+        f"exported alerts without a firing-and-resolving promtool case: {exported - covered}"
+    )
 
 
 def test_promtool_unit_tests_fire_and_resolve_every_alert(tmp_path: Path):
@@ -244,37 +330,89 @@ def test_promtool_renders_the_annotations(tmp_path: Path):
     (tmp_path / "rules.yml").write_text(prom_export.to_yaml(rule_groups(ExportContext(AlertSettings()))))
     labels = {"rule": "admission-wait", "severity": "warning", "service": "prefixops", **SIDE}
     spec = SPECS["admission-wait"]
-    tests = {"rule_files": ["rules.yml"], "evaluation_interval": f"{STEP}s", "tests": [{
-        "interval": f"{STEP}s",
-        "input_series": [{"series": sel("prefixops_sidecar_oldest_waiting_seconds", SIDE),
-                          "values": values(gauge((3, 90)))}],
-        "alert_rule_test": [{"eval_time": "2m", "alertname": "PrefixOpsAdmissionWait", "exp_alerts": [{
-            "exp_labels": labels,
-            "exp_annotations": {
-                "summary": "sessions on s:8100 wait for admission: the oldest has waited 1m 30s",
-                "description": f"{spec.meaning} Value: the oldest wait in seconds (90). Fix it on the "
-                               "dashboard's budgeter, sessions page.",
-                "runbook_url": "docs/runbook.md#admission-wait"}}]}]}]}
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": f"{STEP}s",
+        "tests": [
+            {
+                "interval": f"{STEP}s",
+                "input_series": [
+                    {
+                        "series": sel("prefixops_sidecar_oldest_waiting_seconds", SIDE),
+                        "values": values(gauge((3, 90))),
+                    }
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "2m",
+                        "alertname": "PrefixOpsAdmissionWait",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": labels,
+                                "exp_annotations": {
+                                    "summary": "sessions on s:8100 wait for admission: the oldest has waited 1m 30s",
+                                    "description": f"{spec.meaning} Value: the oldest wait in seconds (90). Fix it on the "
+                                    "dashboard's budgeter, sessions page.",
+                                    "runbook_url": "docs/runbook.md#admission-wait",
+                                },
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
     (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests, sort_keys=False, width=10**6))
     result = run_tool([promtool, "test", "rules", "tests.yml"], tmp_path)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
 
 
-
 def test_export_reads_the_fleet_config(tmp_path):
     fleet = tmp_path / "fleet.toml"
     fleet.write_text('dashboard_url = "http://dash.example:8501"\n[alerts]\nadmission_wait_s = 120\n')
-    proc = subprocess.run([sys.executable, "-m", "collectors", "export-rules", "--out", str(tmp_path / "out"),
-                           "--config", str(fleet), "--runbook-base", "https://git.example/prefixops/blob/main/"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collectors",
+            "export-rules",
+            "--out",
+            str(tmp_path / "out"),
+            "--config",
+            str(fleet),
+            "--runbook-base",
+            "https://git.example/prefixops/blob/main/",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     groups = yaml.safe_load((tmp_path / "out" / prom_export.RULES_FILE).read_text())
     wait = next(r for g in groups["groups"] for r in g["rules"] if r.get("alert") == "PrefixOpsAdmissionWait")
     assert "> 120" in wait["expr"]
-    assert wait["annotations"]["runbook_url"] == "https://git.example/prefixops/blob/main/docs/runbook.md#admission-wait"
+    assert (
+        wait["annotations"]["runbook_url"]
+        == "https://git.example/prefixops/blob/main/docs/runbook.md#admission-wait"
+    )
     assert wait["annotations"]["dashboard_url"] == "http://dash.example:8501/budgeter"
     bad = tmp_path / "bad.toml"
     bad.write_text("[alerts]\nadmission_wait_s = -1\n")
-    proc = subprocess.run([sys.executable, "-m", "collectors", "export-rules", "--out", str(tmp_path / "x"),
-                           "--config", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "collectors",
+            "export-rules",
+            "--out",
+            str(tmp_path / "x"),
+            "--config",
+            str(bad),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "admission_wait_s must not be negative, got -1" in proc.stderr

@@ -34,15 +34,28 @@ class FakeAPI:
         self.headers: list[dict[str, str]] = []
         self.fail = False
 
-    def engine(self, instance: str, *, queries: float, hits: float, start: float = 1000.0, up: float = 1.0,
-               ts: float = 0.0) -> None:
+    def engine(
+        self,
+        instance: str,
+        *,
+        queries: float,
+        hits: float,
+        start: float = 1000.0,
+        up: float = 1.0,
+        ts: float = 0.0,
+    ) -> None:
         base = {"job": "vllm", "instance": instance}
         eng = {**base, "engine": "0", "model_name": "m"}
-        for name, labels, value in (("up", base, up), ("vllm:prefix_cache_queries_total", eng, queries),
-                                    ("vllm:prefix_cache_hits_total", eng, hits),
-                                    ("vllm:num_requests_running", eng, 3.0), ("vllm:num_requests_waiting", eng, 1.0),
-                                    ("vllm:kv_cache_usage_perc", eng, 0.4), ("process_start_time_seconds", base, start),
-                                    ("timestamp", eng, ts)):
+        for name, labels, value in (
+            ("up", base, up),
+            ("vllm:prefix_cache_queries_total", eng, queries),
+            ("vllm:prefix_cache_hits_total", eng, hits),
+            ("vllm:num_requests_running", eng, 3.0),
+            ("vllm:num_requests_waiting", eng, 1.0),
+            ("vllm:kv_cache_usage_perc", eng, 0.4),
+            ("process_start_time_seconds", base, start),
+            ("timestamp", eng, ts),
+        ):
             rows = [r for r in self.series.get(name, []) if r[0].get("instance") != instance]
             if name != "up" and up < 1:
                 self.series[name] = rows  # a target Prometheus cannot scrape has no fresh series
@@ -58,11 +71,16 @@ class FakeAPI:
         if query.startswith("timestamp("):
             rows = self.series.get("timestamp", [])
         else:
-            names = (query.split('__name__=~"')[1].split('"')[0].split("|") if "__name__=~" in query
-                     else [query.split('__name__="')[1].split('"')[0]])
+            names = (
+                query.split('__name__=~"')[1].split('"')[0].split("|")
+                if "__name__=~" in query
+                else [query.split('__name__="')[1].split('"')[0]]
+            )
             rows = [({"__name__": n, **labels}, v) for n in names for labels, v in self.series.get(n, [])]
         result = [{"metric": labels, "value": [0, str(v)]} for labels, v in rows]
-        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+        return httpx.Response(
+            200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
 
 
 def _source(api: FakeAPI, clock) -> PromSource:
@@ -92,7 +110,7 @@ def test_one_query_per_family_and_every_engine_an_outcome():
     assert ("http://10.0.0.1:8000", sig.ENGINE_HIT_RATIO) not in values  # one reading: no rate yet
 
     api.engine("10.0.0.1:8000", queries=2000, hits=1800, ts=100.0)  # +1000 queries, +1000 hits
-    api.engine("10.0.0.2:8000", queries=1000, hits=500, ts=99.0)     # no new Prometheus scrape
+    api.engine("10.0.0.2:8000", queries=1000, hits=500, ts=99.0)  # no new Prometheus scrape
     now[0] = 101.0
     second = source.scrape(client)
     assert [o.url for o in second] == [PROM, "http://10.0.0.1:8000"]
@@ -127,23 +145,48 @@ def test_up_zero_is_a_failed_scrape_and_api_errors_fail_the_source():
 
 def test_collector_reads_a_synthetic_fleet_through_a_real_prometheus(tmp_path):
     exporter_port = free_port()
-    config_yaml = json.dumps({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "vllm", "honor_labels": True, "scrape_interval": "1s",
-                            "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}]}]})
-    exporter = [PYTHON, str(REPO / "bench" / "fleet_exporter.py"), "--port", str(exporter_port), "--engines", "3"]
+    config_yaml = json.dumps(
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [
+                {
+                    "job_name": "vllm",
+                    "honor_labels": True,
+                    "scrape_interval": "1s",
+                    "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+                }
+            ],
+        }
+    )
+    exporter = [
+        PYTHON,
+        str(REPO / "bench" / "fleet_exporter.py"),
+        "--port",
+        str(exporter_port),
+        "--engines",
+        "3",
+    ]
     db = make_engine(f"sqlite:///{tmp_path / 'p.db'}")
     upgrade(db)
-    with running(exporter, name="fleet-exporter", ready_url=f"http://127.0.0.1:{exporter_port}/engine/0/metrics"), \
-            prometheus_server(config_yaml) as prom_url:
+    with (
+        running(
+            exporter, name="fleet-exporter", ready_url=f"http://127.0.0.1:{exporter_port}/engine/0/metrics"
+        ),
+        prometheus_server(config_yaml) as prom_url,
+    ):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            found = httpx.get(f"{prom_url}/api/v1/query", params={"query": "vllm:num_requests_running"}).json()
+            found = httpx.get(
+                f"{prom_url}/api/v1/query", params={"query": "vllm:num_requests_running"}
+            ).json()
             if len(found["data"]["result"]) == 3:
                 break
             time.sleep(0.5)
-        config = CollectorConfig(engines=(EngineTarget(prom_url, kind="prometheus", matchers='job="vllm"'),),
-                                 interval_s=1.0, timeout_s=5.0)
+        config = CollectorConfig(
+            engines=(EngineTarget(prom_url, kind="prometheus", matchers='job="vllm"'),),
+            interval_s=1.0,
+            timeout_s=5.0,
+        )
         collector = Collector(config, db)
         for _ in range(6):
             collector.scrape_target(prom_url)
@@ -156,7 +199,9 @@ def test_collector_reads_a_synthetic_fleet_through_a_real_prometheus(tmp_path):
     with db.connect() as conn:
         targets = {r.url: r for r in conn.execute(select(Target))}
         assert {u for u, t in targets.items() if t.configured_kind == "prometheus"} == {
-            prom_url, *(f"http://engine-{i}:8000" for i in range(3))}
+            prom_url,
+            *(f"http://engine-{i}:8000" for i in range(3)),
+        }
         assert targets[prom_url].up and targets[prom_url].role == "source"  # not an engine on the pages
         assert {t.role for u, t in targets.items() if u != prom_url} == {"engine"}
         for i in range(3):
@@ -164,8 +209,16 @@ def test_collector_reads_a_synthetic_fleet_through_a_real_prometheus(tmp_path):
             assert targets[f"http://engine-{i}:8000"].name == f"engine-{i}:8000"
 
             def latest(signal: str, tid: int = tid) -> float:
-                return conn.execute(select(Sample.value).join(Series, Series.id == Sample.series_id).where(
-                    Series.target_id == tid, Series.signal == signal).order_by(Sample.ts.desc())).scalars().first()
+                return (
+                    conn.execute(
+                        select(Sample.value)
+                        .join(Series, Series.id == Sample.series_id)
+                        .where(Series.target_id == tid, Series.signal == signal)
+                        .order_by(Sample.ts.desc())
+                    )
+                    .scalars()
+                    .first()
+                )
 
             assert latest(sig.ENGINE_HIT_RATIO) == pytest.approx(0.5 + i / 20, abs=0.02)
             assert latest(sig.KV_USAGE) == pytest.approx(0.3 + i / 10)

@@ -27,7 +27,9 @@ TOKEN = "operator-token-for-tests"
 
 
 def _query(prom_url: str, promql: str, at: float) -> list[dict]:
-    doc = httpx.get(f"{prom_url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"}, timeout=10).json()
+    doc = httpx.get(
+        f"{prom_url}/api/v1/query", params={"query": promql, "time": f"{at:.3f}"}, timeout=10
+    ).json()
     assert doc["status"] == "success", doc
     return doc["data"]["result"]
 
@@ -42,31 +44,80 @@ def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
     engine_port, sidecar_port = free_port(), free_port()
     engine_url, sidecar_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
     rules = prom_export.to_yaml(rule_groups(ExportContext(AlertSettings())))
-    config = json.dumps({
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": ["rules.yml"],
-        "scrape_configs": [
-            {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]},
-            {"job_name": "prefixops-sidecar", "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"]}]},
-        ]})
+    config = json.dumps(
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["rules.yml"],
+            "scrape_configs": [
+                {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]},
+                {
+                    "job_name": "prefixops-sidecar",
+                    "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"]}],
+                },
+            ],
+        }
+    )
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     stop = threading.Event()
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "40000"],
-                 name="simulator", ready_url=f"{engine_url}/metrics"), \
-            running([PYTHON, "-m", "sidecar", "--engine", engine_url, "--port", str(sidecar_port),
-                     "--window-s", str(WINDOW_S), "--state-db", str(tmp_path / "sidecar.db")], name="sidecar",
-                    ready_url=f"{sidecar_url}/healthz", env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN}), \
-            prometheus_server(config, {"rules.yml": rules}) as prom_url, \
-            running([PYTHON, "-m", "collectors", "--engine", engine_url, "--sidecar", sidecar_url, "--interval", "1",
-                     "--database-url", db_url], name="collectors"):
+    with (
+        running(
+            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "40000"],
+            name="simulator",
+            ready_url=f"{engine_url}/metrics",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine_url,
+                "--port",
+                str(sidecar_port),
+                "--window-s",
+                str(WINDOW_S),
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar_url}/healthz",
+            env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN},
+        ),
+        prometheus_server(config, {"rules.yml": rules}) as prom_url,
+        running(
+            [
+                PYTHON,
+                "-m",
+                "collectors",
+                "--engine",
+                engine_url,
+                "--sidecar",
+                sidecar_url,
+                "--interval",
+                "1",
+                "--database-url",
+                db_url,
+            ],
+            name="collectors",
+        ),
+    ):
         client = httpx.Client(base_url=sidecar_url, timeout=60)
         model = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
         shared = "You are a careful assistant who reads logs line by line. " * 60
         for idle in ("idle-1", "idle-2"):  # two sessions parked for the whole test: parked == 2 exactly
-            assert client.post("/v1/completions", headers={"X-Session-Id": idle},
-                               json={"model": model, "prompt": shared + idle, "max_tokens": 4}).status_code == 200
-            r = client.post(f"/control/sessions/{idle}/park", headers={"Authorization": f"Bearer {TOKEN}"},
-                            json={"reason": "test"})
+            assert (
+                client.post(
+                    "/v1/completions",
+                    headers={"X-Session-Id": idle},
+                    json={"model": model, "prompt": shared + idle, "max_tokens": 4},
+                ).status_code
+                == 200
+            )
+            r = client.post(
+                f"/control/sessions/{idle}/park",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                json={"reason": "test"},
+            )
             assert r.status_code == 200, r.text
 
         def traffic() -> None:
@@ -79,8 +130,11 @@ def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
                     sid, prompt = "warm", shared
                 else:
                     sid, prompt = "cold", " ".join(str(rng.random()) for _ in range(400))
-                client.post("/v1/completions", headers={"X-Session-Id": sid},
-                            json={"model": model, "prompt": prompt, "max_tokens": 4})
+                client.post(
+                    "/v1/completions",
+                    headers={"X-Session-Id": sid},
+                    json={"model": model, "prompt": prompt, "max_tokens": 4},
+                )
                 i += 1
 
         worker = threading.Thread(target=traffic, daemon=True)
@@ -92,9 +146,12 @@ def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
                 tid = conn.execute(select(Target.id).where(Target.url == sidecar_url)).scalar_one()
 
                 def stored(signal: str) -> tuple[float, float]:
-                    row = conn.execute(select(Sample.ts, Sample.value).join(Series, Series.id == Sample.series_id)
-                                       .where(Series.target_id == tid, Series.signal == signal)
-                                       .order_by(Sample.ts.desc())).first()
+                    row = conn.execute(
+                        select(Sample.ts, Sample.value)
+                        .join(Series, Series.id == Sample.series_id)
+                        .where(Series.target_id == tid, Series.signal == signal)
+                        .order_by(Sample.ts.desc())
+                    ).first()
                     assert row is not None, f"no {signal} stored"
                     return float(row.ts), float(row.value)
 
@@ -104,17 +161,27 @@ def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
                 _, parked = stored(sig.PARKED)
             db.dispose()
             w = f"{WINDOW_S}s"
-            promql_rt = _one(prom_url, f"sum(rate(prefixops_sidecar_known_cached_tokens_total[{w}])) / "
-                                       f"sum(rate(prefixops_sidecar_known_prompt_tokens_total[{w}]))", ts)
-            promql_rr = _one(prom_url, f"sum(rate(prefixops_sidecar_hit_turns_total[{w}])) / "
-                                       f"sum(rate(prefixops_sidecar_known_turns_total[{w}]))", ts)
+            promql_rt = _one(
+                prom_url,
+                f"sum(rate(prefixops_sidecar_known_cached_tokens_total[{w}])) / "
+                f"sum(rate(prefixops_sidecar_known_prompt_tokens_total[{w}]))",
+                ts,
+            )
+            promql_rr = _one(
+                prom_url,
+                f"sum(rate(prefixops_sidecar_hit_turns_total[{w}])) / "
+                f"sum(rate(prefixops_sidecar_known_turns_total[{w}]))",
+                ts,
+            )
             promql_demand = _one(prom_url, "prefixops:sidecar_demand_fraction:ratio", ts)
             promql_parked = _one(prom_url, 'prefixops_sidecar_sessions{state="parked"}', ts)
         finally:
             stop.set()
             worker.join(timeout=70)
-        print(f"stored R_t {r_t:.4f} R_r {r_r:.4f} demand {demand:.4f} parked {parked:g}; PromQL R_t {promql_rt:.4f} "
-              f"R_r {promql_rr:.4f} demand {promql_demand:.4f} parked {promql_parked:g}")
+        print(
+            f"stored R_t {r_t:.4f} R_r {r_r:.4f} demand {demand:.4f} parked {parked:g}; PromQL R_t {promql_rt:.4f} "
+            f"R_r {promql_rr:.4f} demand {promql_demand:.4f} parked {promql_parked:g}"
+        )
         assert 0.05 < r_t < 0.95 and r_r < 0.95, (r_t, r_r)  # a mix, not a trivial all-hit or all-miss
         assert promql_rt == pytest.approx(r_t, abs=0.02)
         assert promql_rr == pytest.approx(r_r, abs=0.02)
@@ -122,6 +189,9 @@ def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
         assert promql_demand == pytest.approx(demand, abs=0.02)
         assert promql_parked == parked == 2
         now = time.time()
-        missing = [r["record"] for r in recording_rules(ExportContext(AlertSettings()))
-                   if not _query(prom_url, r["record"], now)]
+        missing = [
+            r["record"]
+            for r in recording_rules(ExportContext(AlertSettings()))
+            if not _query(prom_url, r["record"], now)
+        ]
         assert not missing, f"recording rules without series: {missing}"

@@ -18,20 +18,58 @@ def test_collectors_read_the_simulator_and_the_sidecar(tmp_path):
     engine_port, sidecar_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
     sidecar_url = f"http://127.0.0.1:{sidecar_port}"
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
-                 name="simulator", ready_url=f"{engine_url}/metrics"), \
-            running([PYTHON, "-m", "sidecar", "--engine", engine_url, "--port", str(sidecar_port),
-                     "--state-db", str(tmp_path / "sidecar.db")], name="sidecar", ready_url=f"{sidecar_url}/healthz"):
+    with (
+        running(
+            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
+            name="simulator",
+            ready_url=f"{engine_url}/metrics",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine_url,
+                "--port",
+                str(sidecar_port),
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar_url}/healthz",
+        ),
+    ):
         model = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
         prompt = "You are a careful assistant. " * 40
         for turn in range(3):
             prompt += f" Turn {turn}: please continue the analysis of the logs."
-            r = httpx.post(f"{sidecar_url}/v1/completions", headers={"X-Session-Id": "it-1"}, timeout=60,
-                           json={"model": model, "prompt": prompt, "max_tokens": 8})
+            r = httpx.post(
+                f"{sidecar_url}/v1/completions",
+                headers={"X-Session-Id": "it-1"},
+                timeout=60,
+                json={"model": model, "prompt": prompt, "max_tokens": 8},
+            )
             assert r.status_code == 200, r.text
         db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
-        done = subprocess.run([PYTHON, "-m", "collectors", "--engine", engine_url, "--sidecar", sidecar_url, "--once",
-                               "--database-url", db_url], cwd=REPO, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "collectors",
+                "--engine",
+                engine_url,
+                "--sidecar",
+                sidecar_url,
+                "--once",
+                "--database-url",
+                db_url,
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         # The real sidecar's documents match its typed wire contracts (sidecar/wire.py) as read.
         assert "does not match sidecar.wire" not in done.stderr, done.stderr
@@ -54,8 +92,13 @@ def test_collectors_read_the_simulator_and_the_sidecar(tmp_path):
         sessions = queries.sessions(conn, present_only=False)
         assert "it-1" in {s["session_id"] for s in sessions}
         assert queries.sidecar_state(conn)[0]["state"]["reuse"]["window_s"] == state["reuse"]["window_s"]
-        names = set(conn.execute(select(Series.signal).join(Target, Target.id == Series.target_id)
-                                 .where(Target.url == sidecar_url)).scalars())
+        names = set(
+            conn.execute(
+                select(Series.signal)
+                .join(Target, Target.id == Series.target_id)
+                .where(Target.url == sidecar_url)
+            ).scalars()
+        )
     assert {sig.TOKEN_WEIGHTED, sig.REQUEST_WEIGHTED, sig.DIVERGENCE, sig.DEMAND_TOKENS, sig.PARKED} <= names
 
 
@@ -71,24 +114,50 @@ def test_incremental_sessions_against_the_real_sidecar(tmp_path, caplog, monkeyp
     engine_port, sidecar_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
     sidecar_url = f"http://127.0.0.1:{sidecar_port}"
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
-                 name="simulator", ready_url=f"{engine_url}/metrics"), \
-            running([PYTHON, "-m", "sidecar", "--engine", engine_url, "--port", str(sidecar_port),
-                     "--state-db", str(tmp_path / "sidecar.db")], name="sidecar", ready_url=f"{sidecar_url}/healthz"), \
-            httpx.Client() as client:
+    with (
+        running(
+            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
+            name="simulator",
+            ready_url=f"{engine_url}/metrics",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine_url,
+                "--port",
+                str(sidecar_port),
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar_url}/healthz",
+        ),
+        httpx.Client() as client,
+    ):
         model = client.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
 
         def turn(session: str) -> None:
-            r = client.post(f"{sidecar_url}/v1/completions", headers={"X-Session-Id": session}, timeout=60,
-                            json={"model": model, "prompt": f"{session}: summarise the logs. " * 20, "max_tokens": 4})
+            r = client.post(
+                f"{sidecar_url}/v1/completions",
+                headers={"X-Session-Id": session},
+                timeout=60,
+                json={"model": model, "prompt": f"{session}: summarise the logs. " * 20, "max_tokens": 4},
+            )
             assert r.status_code == 200, r.text
 
         for i in range(5):
             turn(f"s-{i}")
-        scraper = SidecarScraper(SidecarTarget(sidecar_url), interval_s=1.0, timeout_s=5.0, max_page_bytes=10**7)
+        scraper = SidecarScraper(
+            SidecarTarget(sidecar_url), interval_s=1.0, timeout_s=5.0, max_page_bytes=10**7
+        )
         first = scraper.scrape(client)
         assert first.ok, first.error
-        assert first.sessions_full and sorted(s["session_id"] for s in first.sessions) == [f"s-{i}" for i in range(5)]
+        assert first.sessions_full and sorted(s["session_id"] for s in first.sessions) == [
+            f"s-{i}" for i in range(5)
+        ]
         scraper.commit(first)
         second = scraper.scrape(client)
         assert second.ok and not second.sessions_full and second.sessions == []

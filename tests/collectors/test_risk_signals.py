@@ -37,17 +37,29 @@ def run(db_url: str, config: CollectorConfig, ticks: int) -> tuple[Collector, ob
 
 def stored(db, collector: Collector, url: str, signal: str, label: str) -> list[float]:
     with db.connect() as conn:
-        return [r.value for r in conn.execute(
-            select(Sample.value).join(Series, Series.id == Sample.series_id)
-            .where(Series.signal == signal, Series.engine_label == label,
-                   Series.target_id == collector.store.target_ids[url]).order_by(Sample.ts))]
+        return [
+            r.value
+            for r in conn.execute(
+                select(Sample.value)
+                .join(Series, Series.id == Sample.series_id)
+                .where(
+                    Series.signal == signal,
+                    Series.engine_label == label,
+                    Series.target_id == collector.store.target_ids[url],
+                )
+                .order_by(Sample.ts)
+            )
+        ]
 
 
 def test_a_bare_engine_under_kv_pressure_stores_its_risk_and_warns(db_url):
     with FakeEngine() as engine:
         engine.kv_usage, engine.waiting = 0.99, 25.0
-        config = CollectorConfig(engines=(EngineTarget(engine.url, name="bare"),), timeout_s=0.5,
-                                 alerts=AlertSettings(risk_for_s=3))
+        config = CollectorConfig(
+            engines=(EngineTarget(engine.url, name="bare"),),
+            timeout_s=0.5,
+            alerts=AlertSettings(risk_for_s=3),
+        )
         collector, db = run(db_url, config, 8)
     risk = stored(db, collector, engine.url, sig.COLLAPSE_RISK, "0")
     # kv_usage 0.99 (+0.55 at kv_hi 0.95) and 25 requests waiting (+0.3 at queue_hi 20) from the first scrape;
@@ -65,8 +77,11 @@ def test_a_bare_engine_under_kv_pressure_stores_its_risk_and_warns(db_url):
 
 def test_a_sidecar_carries_the_risk_of_the_engine_it_fronts(db_url):
     with FakeEngine() as engine, FakeSidecar() as sidecar:
-        config = CollectorConfig(engines=(EngineTarget(engine.url, name="e"),),
-                                 sidecars=(SidecarTarget(sidecar.url, engine=engine.url),), timeout_s=0.5)
+        config = CollectorConfig(
+            engines=(EngineTarget(engine.url, name="e"),),
+            sidecars=(SidecarTarget(sidecar.url, engine=engine.url),),
+            timeout_s=0.5,
+        )
         collector, db = run(db_url, config, 4)
     risk = stored(db, collector, sidecar.url, sig.COLLAPSE_RISK, "")
     assert len(risk) == 4

@@ -17,8 +17,13 @@ VLLM = (ENGINE_METRICS / "vllm-0.33.0-statlogger.prom").read_text()
 
 
 def engine_scraper(clock=None, kind="auto") -> EngineScraper:
-    return EngineScraper(EngineTarget("http://engine:8000", kind=kind), interval_s=1.0, timeout_s=0.5,
-                         max_page_bytes=1_000_000, clock=clock or FakeClock(1000.0))
+    return EngineScraper(
+        EngineTarget("http://engine:8000", kind=kind),
+        interval_s=1.0,
+        timeout_s=0.5,
+        max_page_bytes=1_000_000,
+        clock=clock or FakeClock(1000.0),
+    )
 
 
 def client_for(handler) -> httpx.Client:
@@ -39,19 +44,26 @@ def test_engine_scrape_of_the_vllm_fixture():
 def _raise(exc):
     def handler(request):
         raise exc
+
     return handler
 
 
-@pytest.mark.parametrize(("handler", "reason"), [
-    (_raise(httpx.ConnectError("[Errno 111] Connection refused")), "connection refused"),
-    (_raise(httpx.ReadTimeout("timed out")), "timeout after 0.5 s"),
-    (lambda r: httpx.Response(500, text="Internal Server Error"), "HTTP 500"),
-    (lambda r: httpx.Response(200, text="<html><body>Bad Gateway</body></html>"), "HTML page"),
-    (lambda r: httpx.Response(200, text=VLLM[:5000] + '\nvllm:kv_cache_usage_perc{engine="0",mo'), "malformed"),
-    (lambda r: httpx.Response(200, text="x" * 2_000_000), "larger than 1000000 bytes"),
-    (lambda r: httpx.Response(200, text=""), "empty page"),
-    (lambda r: httpx.Response(200, text="# only comments\n"), "no vLLM or SGLang"),
-])
+@pytest.mark.parametrize(
+    ("handler", "reason"),
+    [
+        (_raise(httpx.ConnectError("[Errno 111] Connection refused")), "connection refused"),
+        (_raise(httpx.ReadTimeout("timed out")), "timeout after 0.5 s"),
+        (lambda r: httpx.Response(500, text="Internal Server Error"), "HTTP 500"),
+        (lambda r: httpx.Response(200, text="<html><body>Bad Gateway</body></html>"), "HTML page"),
+        (
+            lambda r: httpx.Response(200, text=VLLM[:5000] + '\nvllm:kv_cache_usage_perc{engine="0",mo'),
+            "malformed",
+        ),
+        (lambda r: httpx.Response(200, text="x" * 2_000_000), "larger than 1000000 bytes"),
+        (lambda r: httpx.Response(200, text=""), "empty page"),
+        (lambda r: httpx.Response(200, text="# only comments\n"), "no vLLM or SGLang"),
+    ],
+)
 def test_engine_failures_are_one_line_reasons(handler, reason):
     out = engine_scraper().scrape(client_for(handler))
     assert not out.ok and reason in out.error and "\n" not in out.error
@@ -61,15 +73,17 @@ def test_engine_failures_are_one_line_reasons(handler, reason):
 def test_rates_across_scrapes_reset_and_restart():
     clock = FakeClock(1000.0)
     scraper = engine_scraper(clock)
-    pages = iter([
-        'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 1000\nvllm:prefix_cache_hits_total{engine="0"} 500\n',
-        'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 3000\nvllm:prefix_cache_hits_total{engine="0"} 2100\n',
-        # counters went down: no rate for this interval
-        'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 10\nvllm:prefix_cache_hits_total{engine="0"} 5\n',
-        'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 1010\nvllm:prefix_cache_hits_total{engine="0"} 905\n',
-        # restarted (start time changed) and already counted past the old value: still no rate
-        'process_start_time_seconds 2\nvllm:prefix_cache_queries_total{engine="0"} 5000\nvllm:prefix_cache_hits_total{engine="0"} 1000\n',
-    ])
+    pages = iter(
+        [
+            'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 1000\nvllm:prefix_cache_hits_total{engine="0"} 500\n',
+            'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 3000\nvllm:prefix_cache_hits_total{engine="0"} 2100\n',
+            # counters went down: no rate for this interval
+            'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 10\nvllm:prefix_cache_hits_total{engine="0"} 5\n',
+            'process_start_time_seconds 1\nvllm:prefix_cache_queries_total{engine="0"} 1010\nvllm:prefix_cache_hits_total{engine="0"} 905\n',
+            # restarted (start time changed) and already counted past the old value: still no rate
+            'process_start_time_seconds 2\nvllm:prefix_cache_queries_total{engine="0"} 5000\nvllm:prefix_cache_hits_total{engine="0"} 1000\n',
+        ]
+    )
     client = client_for(lambda r: httpx.Response(200, text=next(pages)))
     results = []
     for _ in range(5):
@@ -87,7 +101,12 @@ def test_rates_across_scrapes_reset_and_restart():
 def test_gap_after_downtime_gives_no_averaged_rate():
     clock = FakeClock(1000.0)
     scraper = engine_scraper(clock)
-    page = iter(['vllm:prefix_cache_queries_total{engine="0"} 100\n', 'vllm:prefix_cache_queries_total{engine="0"} 900\n'])
+    page = iter(
+        [
+            'vllm:prefix_cache_queries_total{engine="0"} 100\n',
+            'vllm:prefix_cache_queries_total{engine="0"} 900\n',
+        ]
+    )
     client = client_for(lambda r: httpx.Response(200, text=next(page)))
     scraper.scrape(client)
     clock.t += 60.0
@@ -104,13 +123,18 @@ def sidecar_handler(state, *, sessions=None, status=200, token=None, decisions=(
             return httpx.Response(401, json={"error": "viewer token required"})
         path = request.url.path
         after = int(request.url.params.get("after_id", "0"))
-        body = {"/state": state, "/sessions": sessions if sessions is not None else [], "/subtrees": [],
-                "/compaction/decisions": [d for d in decisions if d["id"] > after],
-                "/audit": [a for a in audit if a["id"] > after],
-                "/turns": turns_page(turns, after, int(request.url.params.get("limit", "1000")))}[path]
+        body = {
+            "/state": state,
+            "/sessions": sessions if sessions is not None else [],
+            "/subtrees": [],
+            "/compaction/decisions": [d for d in decisions if d["id"] > after],
+            "/audit": [a for a in audit if a["id"] > after],
+            "/turns": turns_page(turns, after, int(request.url.params.get("limit", "1000"))),
+        }[path]
         if isinstance(body, str):
             return httpx.Response(status, text=body)
         return httpx.Response(status, json=body)
+
     return handler
 
 
@@ -120,15 +144,32 @@ def turns_page(turns, after: int, limit: int) -> dict:
 
 
 def sidecar_scraper(clock=None, token=None) -> SidecarScraper:
-    return SidecarScraper(SidecarTarget("http://sidecar:8100", viewer_token=token), interval_s=1.0, timeout_s=0.5,
-                          max_page_bytes=1_000_000, clock=clock or FakeClock(1000.0))
+    return SidecarScraper(
+        SidecarTarget("http://sidecar:8100", viewer_token=token),
+        interval_s=1.0,
+        timeout_s=0.5,
+        max_page_bytes=1_000_000,
+        clock=clock or FakeClock(1000.0),
+    )
 
 
 FULL_STATE = {
     "started_at": 5.0,
-    "reuse": {"token_weighted": 0.12, "request_weighted": 0.9, "divergence": 0.78, "regime": "thin-reuse",
-              "window_s": 60, "low_cached_fraction": 0.8},
-    "budgeter": {"mode": "budgeter-park", "low": 0.75, "high": 0.95, "pool_tokens": 400000, "demand_tokens": 300000},
+    "reuse": {
+        "token_weighted": 0.12,
+        "request_weighted": 0.9,
+        "divergence": 0.78,
+        "regime": "thin-reuse",
+        "window_s": 60,
+        "low_cached_fraction": 0.8,
+    },
+    "budgeter": {
+        "mode": "budgeter-park",
+        "low": 0.75,
+        "high": 0.95,
+        "pool_tokens": 400000,
+        "demand_tokens": 300000,
+    },
     "backlog": {"admitted": 10, "parked": 3, "waiting": 4},
     "traffic": {"turns_total": 100},
     "compaction": {"deferred_until": 123.0},
@@ -142,8 +183,15 @@ def test_sidecar_signals_and_incremental_entries():
     decisions = [{"id": 1, "ts": 1.0, "subtree_id": "a", "decision": "granted", "regime": "thin-reuse"}]
     audit = [{"id": 1, "ts": 1.0, "actor": "op", "action": "park", "params": {"session": "s1"}, "after": {}}]
     scraper = sidecar_scraper(clock, token="tok")
-    client = client_for(sidecar_handler(state, sessions=[{"id": "s1", "state": "parked", "context_tokens": "many"}],
-                                        token="tok", decisions=decisions, audit=audit))
+    client = client_for(
+        sidecar_handler(
+            state,
+            sessions=[{"id": "s1", "state": "parked", "context_tokens": "many"}],
+            token="tok",
+            decisions=decisions,
+            audit=audit,
+        )
+    )
     first = scraper.scrape(client)
     assert first.ok, first.error
     values = {name: v for _, name, v in first.samples}
@@ -169,10 +217,13 @@ def test_sidecar_missing_fields_are_none_not_a_crash():
     assert {name for _, name, _ in out.samples} == {sig.UP, sig.SCRAPE_DURATION_S}
 
 
-@pytest.mark.parametrize(("state", "reason"), [
-    ('{"reuse": {"token_weighted": 0.5,', "malformed JSON"),
-    ([1, 2, 3], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [
+        ('{"reuse": {"token_weighted": 0.5,', "malformed JSON"),
+        ([1, 2, 3], "expected a JSON object"),
+    ],
+)
 def test_sidecar_malformed_json_is_a_failed_scrape(state, reason):
     out = sidecar_scraper().scrape(client_for(sidecar_handler(state)))
     assert not out.ok and reason in out.error and "http://sidecar:8100/state" in out.error
@@ -184,8 +235,12 @@ def test_sidecar_without_token_says_what_to_set():
 
 
 def test_state_meta_and_rows_are_defensive():
-    assert docs.state_meta({}) == {"regime": None, "budgeter_mode": None, "compaction_deferred_until": None,
-                                   "warnings": None}
+    assert docs.state_meta({}) == {
+        "regime": None,
+        "budgeter_mode": None,
+        "compaction_deferred_until": None,
+        "warnings": None,
+    }
     assert docs.session_row({"state": "admitted"}) is None
     assert docs.decision_row({"id": "x"}) is None
     assert docs.audit_row({"id": 3, "params": 7})["params"] == {"value": 7}

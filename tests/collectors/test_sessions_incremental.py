@@ -22,7 +22,9 @@ from tests.collectors.test_write_faults import Rig
 
 def present(rig: Rig) -> dict[str, str | None]:
     with rig.db.connect() as conn:
-        return dict(conn.execute(select(Session.session_id, Session.state).where(Session.present.is_(True))).all())
+        return dict(
+            conn.execute(select(Session.session_id, Session.state).where(Session.present.is_(True))).all()
+        )
 
 
 def sessions_requests(sidecar: FakeSidecar) -> list[str]:
@@ -45,7 +47,9 @@ def test_only_changed_sessions_are_read(tmp_path):
             before = sidecar.bytes_sent
             rig.tick()
             idle_bytes = sidecar.bytes_sent - before
-            assert [p.split("&")[0].split("=")[0] for p in sessions_requests(sidecar)] == ["/sessions?updated_after"]
+            assert [p.split("&")[0].split("=")[0] for p in sessions_requests(sidecar)] == [
+                "/sessions?updated_after"
+            ]
 
             now = time.time()
             for s in sidecar.sessions[:3]:
@@ -54,12 +58,16 @@ def test_only_changed_sessions_are_read(tmp_path):
             rig.tick()
             assert len(sessions_requests(sidecar)) == 1
             rows = present(rig)
-            assert len(rows) == 10_000 and [rows[f"agent-{i}"] for i in range(4)] == ["parked"] * 3 + ["admitted"]
+            assert len(rows) == 10_000 and [rows[f"agent-{i}"] for i in range(4)] == ["parked"] * 3 + [
+                "admitted"
+            ]
             # Ended sessions come as changes too.
             sidecar.sessions[5].update(state="ended", updated_at=now + 2)
             rig.tick()
             assert "agent-5" not in present(rig) and len(present(rig)) == 9_999
-            print(f"/sessions bytes per cycle with 10,000 sessions: full {full_bytes}, unchanged {idle_bytes}")
+            print(
+                f"/sessions bytes per cycle with 10,000 sessions: full {full_bytes}, unchanged {idle_bytes}"
+            )
             assert idle_bytes * 50 < full_bytes
         finally:
             rig.close()
@@ -111,15 +119,21 @@ def test_backlog_ages_are_signals(tmp_path):
     with FakeEngine() as engine, FakeSidecar() as sidecar:
         rig = Rig(f"sqlite:///{tmp_path / 'p.db'}", engine, sidecar)
         try:
-            sidecar.state_overrides.update({"backlog.oldest_waiting_s": 75.5, "backlog.oldest_parked_s": 12.0})
+            sidecar.state_overrides.update(
+                {"backlog.oldest_waiting_s": 75.5, "backlog.oldest_parked_s": 12.0}
+            )
             rig.tick()
-            sidecar.state_overrides.update({"backlog.oldest_waiting_s": None, "backlog.oldest_parked_s": None})
+            sidecar.state_overrides.update(
+                {"backlog.oldest_waiting_s": None, "backlog.oldest_parked_s": None}
+            )
             rig.tick()
             with rig.db.connect() as conn:
-                rows = conn.execute(select(Series.signal, func.group_concat(Sample.value))
-                                    .join(Sample, Sample.series_id == Series.id)
-                                    .where(Series.signal.in_([sig.OLDEST_WAITING_S, sig.OLDEST_PARKED_S]))
-                                    .group_by(Series.signal)).all()
+                rows = conn.execute(
+                    select(Series.signal, func.group_concat(Sample.value))
+                    .join(Sample, Sample.series_id == Series.id)
+                    .where(Series.signal.in_([sig.OLDEST_WAITING_S, sig.OLDEST_PARKED_S]))
+                    .group_by(Series.signal)
+                ).all()
             # Nobody waiting is 0 (so admission-wait resolves); nobody parked is no sample.
             assert dict(rows) == {sig.OLDEST_WAITING_S: "75.5,0.0", sig.OLDEST_PARKED_S: "12.0"}
         finally:

@@ -11,9 +11,21 @@ from .test_scrape import FULL_STATE, client_for, sidecar_handler, sidecar_scrape
 
 
 def turn(i: int, **kw: object) -> dict:
-    return {"id": i, "ts": float(i), "session": f"s{i % 3}", "subtree": "doc", "prompt_tokens": 100 + i,
-            "cached_tokens": 50, "completion_tokens": 7, "held_s": 0.0, "parked_s": 0.0, "latency_s": 0.2,
-            "outcome": "ok", "model": "m", **kw}
+    return {
+        "id": i,
+        "ts": float(i),
+        "session": f"s{i % 3}",
+        "subtree": "doc",
+        "prompt_tokens": 100 + i,
+        "cached_tokens": 50,
+        "completion_tokens": 7,
+        "held_s": 0.0,
+        "parked_s": 0.0,
+        "latency_s": 0.2,
+        "outcome": "ok",
+        "model": "m",
+        **kw,
+    }
 
 
 def test_turns_are_read_in_pages_and_the_cursor_moves_only_after_commit():
@@ -24,16 +36,29 @@ def test_turns_are_read_in_pages_and_the_cursor_moves_only_after_commit():
     first = scraper.scrape(client)
     assert first.ok, first.error
     assert [t["remote_id"] for t in first.turns] == [1, 2, 3, 4, 5]
-    assert first.turns[0] == {"remote_id": 1, "ts": 1.0, "session_id": "s1", "subtree_id": "doc",
-                              "prompt_tokens": 101, "cached_tokens": 50, "completion_tokens": 7, "held_s": 0.0,
-                              "parked_s": 0.0, "latency_s": 0.2, "outcome": "ok", "model": "m"}
+    assert first.turns[0] == {
+        "remote_id": 1,
+        "ts": 1.0,
+        "session_id": "s1",
+        "subtree_id": "doc",
+        "prompt_tokens": 101,
+        "cached_tokens": 50,
+        "completion_tokens": 7,
+        "held_s": 0.0,
+        "parked_s": 0.0,
+        "latency_s": 0.2,
+        "outcome": "ok",
+        "model": "m",
+    }
     again = scraper.scrape(client)  # the writer has not committed `first`: read again
     assert [t["remote_id"] for t in again.turns] == [1, 2, 3, 4, 5]
     scraper.commit(first)
     assert scraper.cursors["turns"].after_id == 5
     turns.append(turn(6, outcome="held_503", prompt_tokens=None))
     third = scraper.scrape(client)
-    assert [(t["remote_id"], t["outcome"], t["prompt_tokens"]) for t in third.turns] == [(6, "held_503", None)]
+    assert [(t["remote_id"], t["outcome"], t["prompt_tokens"]) for t in third.turns] == [
+        (6, "held_503", None)
+    ]
 
 
 def test_a_wiped_sidecar_log_starts_a_new_epoch_and_an_old_sidecar_has_no_turns():

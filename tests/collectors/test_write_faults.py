@@ -35,14 +35,19 @@ LOCK_TIMEOUT_MS = 300
 class Rig:
     """A collector over one engine and one sidecar; `restart()` is a new collector process."""
 
-    def __init__(self, db_url: str, engine: FakeEngine, sidecar: FakeSidecar, **engine_kwargs: object) -> None:
+    def __init__(
+        self, db_url: str, engine: FakeEngine, sidecar: FakeSidecar, **engine_kwargs: object
+    ) -> None:
         self.clock = FakeClock()
         self.db = make_engine(db_url, **engine_kwargs)  # type: ignore[arg-type]
         upgrade(self.db)
         settings = AlertSettings(down_after_failures=2, down_for_s=0, up_for_s=0, stale_after_s=30)
-        self.config = CollectorConfig(engines=(EngineTarget(engine.url, name="fake"),),
-                                      sidecars=(SidecarTarget(sidecar.url, engine=engine.url),),
-                                      timeout_s=2.0, alerts=settings)
+        self.config = CollectorConfig(
+            engines=(EngineTarget(engine.url, name="fake"),),
+            sidecars=(SidecarTarget(sidecar.url, engine=engine.url),),
+            timeout_s=2.0,
+            alerts=settings,
+        )
         self.engine, self.sidecar = engine, sidecar
         self.collector = Collector(self.config, self.db, clock=self.clock)
 
@@ -65,9 +70,14 @@ class Rig:
 
     def audit_ids(self) -> list[tuple[int, int, str | None]]:
         with self.db.connect() as conn:
-            return [(r.epoch, r.remote_id, r.action) for r in conn.execute(
-                select(AuditEntry.epoch, AuditEntry.remote_id, AuditEntry.action)
-                .where(AuditEntry.source == "sidecar").order_by(AuditEntry.epoch, AuditEntry.remote_id))]
+            return [
+                (r.epoch, r.remote_id, r.action)
+                for r in conn.execute(
+                    select(AuditEntry.epoch, AuditEntry.remote_id, AuditEntry.action)
+                    .where(AuditEntry.source == "sidecar")
+                    .order_by(AuditEntry.epoch, AuditEntry.remote_id)
+                )
+            ]
 
     def close(self) -> None:
         self.collector.client.close()
@@ -134,8 +144,12 @@ def test_locked_database_loses_no_audit_entry_and_logs_one_line(db_url, caplog):
             with rig.db.connect() as conn:
                 assert conn.execute(select(func.count()).select_from(CompactionDecision)).scalar() == 6
                 # The engine's samples of the locked seconds were kept and written once the lock went.
-                kv = conn.execute(select(func.count()).select_from(Sample).join(Series, Series.id == Sample.series_id)
-                                  .where(Series.signal == sig.KV_USAGE)).scalar()
+                kv = conn.execute(
+                    select(func.count())
+                    .select_from(Sample)
+                    .join(Series, Series.id == Sample.series_id)
+                    .where(Series.signal == sig.KV_USAGE)
+                ).scalar()
             assert kv == 2 + 6 + 2 + 2  # the dead collector's 3 retries died with it
         finally:
             rig.close()
@@ -153,10 +167,12 @@ def test_wiped_sidecar_log_is_read_again_in_a_new_epoch(tmp_path):
                 sidecar.add_audit(f"new-{i}")
             rig.tick(2)
             assert rig.audit_ids() == [(0, 1, "a1"), (0, 2, "a2"), (0, 3, "a3")] + [
-                (1, i + 1, f"new-{i}") for i in range(5)]
+                (1, i + 1, f"new-{i}") for i in range(5)
+            ]
             with rig.db.connect() as conn:  # and the audit says so, once per log
-                notes = conn.execute(select(AuditEntry.action, AuditEntry.params).where(
-                    AuditEntry.source == "collector")).all()
+                notes = conn.execute(
+                    select(AuditEntry.action, AuditEntry.params).where(AuditEntry.source == "collector")
+                ).all()
             assert [tuple(n) for n in notes] == [("sidecar-log-restarted", {"log": "audit", "epoch": 1})]
             rig.restart()  # resumes in the new epoch: nothing twice
             sidecar.add_audit("later")
@@ -174,8 +190,9 @@ def small_disk(kind: str, directory: Path) -> Iterator[tuple[str, Callable[[], N
             pytest.skip("a tmpfs needs root; the max_page_count variant covers the same fault")
         mount = directory / "disk"
         mount.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mount)], capture_output=True, text=True
+        )
         if done.returncode:
             pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); max_page_count covers it")
         filler = mount / "filler"
@@ -235,7 +252,9 @@ def test_full_disk_with_10000_sessions_orphans_and_crosswires_nothing(kind, tmp_
         try:
             rig.tick(2)
             sidecar.set_sessions(10_000)
-            sidecar.state_overrides["backlog.oldest_waiting_s"] = 12.5  # a new series, made in a failing write
+            sidecar.state_overrides["backlog.oldest_waiting_s"] = (
+                12.5  # a new series, made in a failing write
+            )
             fill()
             rig.tick(3)
             assert rig.collector.write_failures >= 1
@@ -246,17 +265,27 @@ def test_full_disk_with_10000_sessions_orphans_and_crosswires_nothing(kind, tmp_
             rig.tick(2)
             with rig.db.connect() as conn:
                 assert conn.execute(text("PRAGMA integrity_check")).scalar() == "ok"
-                orphans = conn.execute(text("SELECT count(*) FROM samples WHERE series_id NOT IN "
-                                            "(SELECT id FROM series)")).scalar()
+                orphans = conn.execute(
+                    text("SELECT count(*) FROM samples WHERE series_id NOT IN (SELECT id FROM series)")
+                ).scalar()
                 assert orphans == 0
                 engine_id, sidecar_id = rig.tid(engine.url), rig.tid(sidecar.url)
                 # No relabelled history: every series holds only the values its own signal reports.
-                expected = {(engine_id, sig.KV_USAGE): {0.42}, (engine_id, sig.REQUESTS_RUNNING): {3.0},
-                            (engine_id, sig.REQUESTS_WAITING): {1.0}, (sidecar_id, sig.POOL_TOKENS): {400000.0},
-                            (sidecar_id, sig.DEMAND_TOKENS): {200000.0}, (sidecar_id, sig.ADMITTED): {5.0},
-                            (sidecar_id, sig.WAITING): {2.0}, (sidecar_id, sig.OLDEST_WAITING_S): {12.5}}
-                rows = conn.execute(select(Series.target_id, Series.engine_label, Series.signal, Sample.value)
-                                    .join(Sample, Sample.series_id == Series.id)).all()
+                expected = {
+                    (engine_id, sig.KV_USAGE): {0.42},
+                    (engine_id, sig.REQUESTS_RUNNING): {3.0},
+                    (engine_id, sig.REQUESTS_WAITING): {1.0},
+                    (sidecar_id, sig.POOL_TOKENS): {400000.0},
+                    (sidecar_id, sig.DEMAND_TOKENS): {200000.0},
+                    (sidecar_id, sig.ADMITTED): {5.0},
+                    (sidecar_id, sig.WAITING): {2.0},
+                    (sidecar_id, sig.OLDEST_WAITING_S): {12.5},
+                }
+                rows = conn.execute(
+                    select(Series.target_id, Series.engine_label, Series.signal, Sample.value).join(
+                        Sample, Sample.series_id == Series.id
+                    )
+                ).all()
                 seen: dict[tuple[int, str], set[float]] = {}
                 for r in rows:
                     seen.setdefault((r.target_id, r.signal), set()).add(r.value)
@@ -268,11 +297,19 @@ def test_full_disk_with_10000_sessions_orphans_and_crosswires_nothing(kind, tmp_
                 for key, values in expected.items():
                     assert seen.get(key) == values, (key, seen.get(key))
                 assert seen[(engine_id, sig.UP)] == {1.0} and seen[(sidecar_id, sig.UP)] == {1.0}
-                labels = set(conn.execute(select(Series.engine_label).where(Series.target_id == engine_id)
-                                          .where(Series.signal == sig.KV_USAGE)).scalars())
+                labels = set(
+                    conn.execute(
+                        select(Series.engine_label)
+                        .where(Series.target_id == engine_id)
+                        .where(Series.signal == sig.KV_USAGE)
+                    ).scalars()
+                )
                 assert labels == {"0", "1"}
-                sessions = conn.execute(select(Session.target_id, func.count()).where(Session.present.is_(True))
-                                        .group_by(Session.target_id)).all()
+                sessions = conn.execute(
+                    select(Session.target_id, func.count())
+                    .where(Session.present.is_(True))
+                    .group_by(Session.target_id)
+                ).all()
                 assert [tuple(r) for r in sessions] == [(sidecar_id, 10_000)]
             errors = write_errors(caplog)
             assert errors and all("\n" not in e and "[SQL" not in e for e in errors), errors
@@ -296,8 +333,9 @@ def test_one_failing_target_does_not_cost_the_others_their_data(tmp_path, monkey
             sidecar.add_audit("park")
             rig.tick(3)
             with rig.db.connect() as conn:
-                engine_row = conn.execute(select(Target.up, Target.last_scrape_ts)
-                                          .where(Target.url == engine.url)).one()
+                engine_row = conn.execute(
+                    select(Target.up, Target.last_scrape_ts).where(Target.url == engine.url)
+                ).one()
                 assert engine_row.up and engine_row.last_scrape_ts == rig.clock.t
                 assert conn.execute(select(func.count()).select_from(AuditEntry)).scalar() == 0
             monkeypatch.setattr(store_module, "write_sidecar", real)
@@ -313,8 +351,9 @@ def test_out_of_range_values_are_null_per_field_with_one_warning(tmp_path, caplo
         rig = Rig(f"sqlite:///{tmp_path / 'p.db'}", engine, sidecar)
         try:
             sidecar.sessions[0].update(context_tokens=1e30, turns=10**30, last_cached_fraction=1e300)
-            sidecar.state_overrides.update({"budgeter.demand_tokens": 1e30, "budgeter.pool_tokens": -5,
-                                            "reuse.token_weighted": 7.5})
+            sidecar.state_overrides.update(
+                {"budgeter.demand_tokens": 1e30, "budgeter.pool_tokens": -5, "reuse.token_weighted": 7.5}
+            )
             sidecar.audit.append({"id": 10**30, "ts": 1.0, "action": "bogus"})
             sidecar.add_audit("park")  # id 2: fine
             for kv in (-0.5, 7.5, 1e300):
@@ -326,24 +365,48 @@ def test_out_of_range_values_are_null_per_field_with_one_warning(tmp_path, caplo
             with rig.db.connect() as conn:
                 targets = {r.url: r for r in conn.execute(select(Target.url, Target.up, Target.last_error))}
                 assert targets[sidecar.url].up and targets[engine.url].up
-                s1 = conn.execute(select(Session.context_tokens, Session.turns, Session.last_cached_fraction)
-                                  .where(Session.session_id == "s1")).one()
+                s1 = conn.execute(
+                    select(Session.context_tokens, Session.turns, Session.last_cached_fraction).where(
+                        Session.session_id == "s1"
+                    )
+                ).one()
                 assert tuple(s1) == (None, None, None)
-                values = {r.signal: r.value for r in conn.execute(
-                    select(Series.signal, Sample.value).join(Sample, Sample.series_id == Series.id)
-                    .where(Series.target_id == rig.tid(sidecar.url)))}
-                kv_values = set(conn.execute(select(Sample.value).join(Series, Series.id == Sample.series_id).where(
-                    Series.signal == sig.KV_USAGE)).scalars())
-                hits = conn.execute(select(func.count()).select_from(Sample).join(Series, Series.id == Sample.series_id).where(
-                    Series.signal.in_([sig.PREFIX_CACHE_HITS_PER_S, sig.ENGINE_HIT_RATIO]),
-                    Sample.ts > rig.clock.t - 7)).scalar()
+                values = {
+                    r.signal: r.value
+                    for r in conn.execute(
+                        select(Series.signal, Sample.value)
+                        .join(Sample, Sample.series_id == Series.id)
+                        .where(Series.target_id == rig.tid(sidecar.url))
+                    )
+                }
+                kv_values = set(
+                    conn.execute(
+                        select(Sample.value)
+                        .join(Series, Series.id == Sample.series_id)
+                        .where(Series.signal == sig.KV_USAGE)
+                    ).scalars()
+                )
+                hits = conn.execute(
+                    select(func.count())
+                    .select_from(Sample)
+                    .join(Series, Series.id == Sample.series_id)
+                    .where(
+                        Series.signal.in_([sig.PREFIX_CACHE_HITS_PER_S, sig.ENGINE_HIT_RATIO]),
+                        Sample.ts > rig.clock.t - 7,
+                    )
+                ).scalar()
             assert kv_values <= {0.42}
             assert hits == 0  # hits above queries: neither the hit rate nor the ratio is stored
             assert sig.DEMAND_TOKENS not in values and sig.POOL_TOKENS not in values
             assert sig.TOKEN_WEIGHTED not in values and values[sig.REQUEST_WEIGHTED] > 0
             assert [i for _, i, _ in rig.audit_ids()] == [2]
-            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
-                        and r.name == "collectors.checks" and "sidecar.wire" not in r.getMessage()]
+            warnings = [
+                r.getMessage()
+                for r in caplog.records
+                if r.levelno == logging.WARNING
+                and r.name == "collectors.checks"
+                and "sidecar.wire" not in r.getMessage()
+            ]
             # One warning per field, however many scrapes carried it: KV usage, hits and cached tokens
             # above their totals (engine); demand, pool, R_t (/state); three session fields; one audit id.
             assert len(warnings) == len(set(warnings)) == 10, warnings
@@ -362,16 +425,32 @@ def test_collectors_process_under_a_long_lock_loses_nothing_and_stays_quiet(tmp_
 
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     with FakeEngine() as engine, FakeSidecar() as sidecar:
-        cmd = [PYTHON, "-m", "collectors", "--engine", f"e0={engine.url}", "--sidecar", sidecar.url,
-               "--interval", "0.5", "--database-url", db_url]
+        cmd = [
+            PYTHON,
+            "-m",
+            "collectors",
+            "--engine",
+            f"e0={engine.url}",
+            "--sidecar",
+            sidecar.url,
+            "--interval",
+            "0.5",
+            "--database-url",
+            db_url,
+        ]
         with running(cmd, name="collectors") as proc:
             db = make_engine(db_url)
 
             def stored() -> list[int]:
                 try:
                     with db.connect() as conn:
-                        return list(conn.execute(select(AuditEntry.remote_id).where(AuditEntry.source == "sidecar")
-                                                 .order_by(AuditEntry.remote_id)).scalars())
+                        return list(
+                            conn.execute(
+                                select(AuditEntry.remote_id)
+                                .where(AuditEntry.source == "sidecar")
+                                .order_by(AuditEntry.remote_id)
+                            ).scalars()
+                        )
                 except Exception:  # noqa: BLE001 - schema not created yet
                     return []
 

@@ -16,8 +16,16 @@ from core.accounts import (
 )
 
 
-@pytest.mark.parametrize(("name", "stored"), [("alice", "alice"), (" Alice ", "alice"), ("ops@example.com",
-                                               "ops@example.com"), ("a.b_c+d-e", "a.b_c+d-e"), ("x" * 64, "x" * 64)])
+@pytest.mark.parametrize(
+    ("name", "stored"),
+    [
+        ("alice", "alice"),
+        (" Alice ", "alice"),
+        ("ops@example.com", "ops@example.com"),
+        ("a.b_c+d-e", "a.b_c+d-e"),
+        ("x" * 64, "x" * 64),
+    ],
+)
 def test_usable_names_are_stored_lower_case(name: str, stored: str) -> None:
     assert normalize_name(name) == stored
 

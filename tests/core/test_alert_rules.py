@@ -47,8 +47,11 @@ def test_every_rule_has_a_condition_durations_and_a_fix_page():
 def test_policy_defaults_come_from_the_core_configs():
     s, regime, budget = AlertSettings(), RegimeConfig(), BudgeterConfig()
     assert (s.thin_reuse_enter, s.thin_reuse_exit, s.thin_reuse_min_turns) == (0.5, 0.4, 20)
-    assert (s.thin_reuse_enter, s.thin_reuse_exit, s.thin_reuse_min_turns) == (regime.enter, regime.exit,
-                                                                              regime.min_turns)
+    assert (s.thin_reuse_enter, s.thin_reuse_exit, s.thin_reuse_min_turns) == (
+        regime.enter,
+        regime.exit,
+        regime.min_turns,
+    )
     assert s.demand_band_high == budget.high == 0.95
     assert s.regime == regime
     assert s.admission_wait_s == 60.0 and s.admission_wait_exit_s == 30.0
@@ -64,15 +67,28 @@ def test_settings_reject_bad_admission_wait_and_min_turns():
 
 
 def _thin(d, known, n=60):
-    return [(float(t), {sig.DIVERGENCE: d, sig.KNOWN_TURNS: known, sig.TOKEN_WEIGHTED: 0.3,
-                        sig.REQUEST_WEIGHTED: 0.3 + d}) for t in range(n)]
+    return [
+        (
+            float(t),
+            {
+                sig.DIVERGENCE: d,
+                sig.KNOWN_TURNS: known,
+                sig.TOKEN_WEIGHTED: 0.3,
+                sig.REQUEST_WEIGHTED: 0.3 + d,
+            },
+        )
+        for t in range(n)
+    ]
 
 
-@pytest.mark.parametrize(("d", "known", "fires"), [
-    (0.5, 20, True),     # exactly the enter threshold, exactly the minimum: fires (D >= 0.5)
-    (0.4999, 20, False),
-    (0.9, 19, False),    # too few known turns: not judged, like the regime
-])
+@pytest.mark.parametrize(
+    ("d", "known", "fires"),
+    [
+        (0.5, 20, True),  # exactly the enter threshold, exactly the minimum: fires (D >= 0.5)
+        (0.4999, 20, False),
+        (0.9, 19, False),  # too few known turns: not judged, like the regime
+    ],
+)
 def test_thin_reuse_alert_uses_the_regime_judgement(d, known, fires):
     events = [(x.event, x.ts) for x in replay(_thin(d, known)) if x.rule == "thin-reuse"]
     assert events == ([("firing", 30.0)] if fires else [])
@@ -80,8 +96,8 @@ def test_thin_reuse_alert_uses_the_regime_judgement(d, known, fires):
 
 def test_thin_reuse_holds_between_the_thresholds_and_not_when_unjudged():
     points = _thin(0.6, 50, 40)
-    points += [(40.0 + t, {sig.DIVERGENCE: 0.4, sig.KNOWN_TURNS: 50}) for t in range(40)]   # hold (not < 0.4)
-    points += [(80.0 + t, {sig.DIVERGENCE: 0.1, sig.KNOWN_TURNS: 5}) for t in range(40)]    # unjudged
+    points += [(40.0 + t, {sig.DIVERGENCE: 0.4, sig.KNOWN_TURNS: 50}) for t in range(40)]  # hold (not < 0.4)
+    points += [(80.0 + t, {sig.DIVERGENCE: 0.1, sig.KNOWN_TURNS: 5}) for t in range(40)]  # unjudged
     points += [(120.0 + t, {sig.DIVERGENCE: 0.39, sig.KNOWN_TURNS: 20}) for t in range(40)]  # exit
     events = [(x.event, x.ts) for x in replay(points) if x.rule == "thin-reuse"]
     assert events == [("firing", 30.0), ("resolved", 150.0)]
@@ -94,15 +110,21 @@ def _waits(values, start=0.0):
 def test_admission_wait_fires_over_the_limit_and_resolves_with_hysteresis():
     settings = AlertSettings(admission_wait_s=60, admission_wait_for_s=10, admission_wait_clear_s=5)
     ev = AlertEvaluator(settings)
-    timeline = ([{sig.WAITING: 0}] * 5 + [{sig.WAITING: 3, sig.OLDEST_WAITING_S: 61.0 + t} for t in range(30)]
-                + [{sig.WAITING: 2, sig.OLDEST_WAITING_S: 45.0}] * 20   # under the limit, over the exit: holds
-                + [{sig.WAITING: 0}] * 10)                             # nobody waits (null in /state): 0
+    timeline = (
+        [{sig.WAITING: 0}] * 5
+        + [{sig.WAITING: 3, sig.OLDEST_WAITING_S: 61.0 + t} for t in range(30)]
+        + [{sig.WAITING: 2, sig.OLDEST_WAITING_S: 45.0}] * 20  # under the limit, over the exit: holds
+        + [{sig.WAITING: 0}] * 10
+    )  # nobody waits (null in /state): 0
     events = []
     for t, values in enumerate(timeline):
         ev.observe_scrape(URL, float(t), True)
         ev.observe(KEY, float(t), values)
-        events += [(x.event, x.ts, x.values.get("oldest_waiting_s")) for x in
-                   ev.evaluate_target(URL, float(t), role="sidecar") if x.rule == "admission-wait"]
+        events += [
+            (x.event, x.ts, x.values.get("oldest_waiting_s"))
+            for x in ev.evaluate_target(URL, float(t), role="sidecar")
+            if x.rule == "admission-wait"
+        ]
     assert events[0] == ("firing", 15.0, 71.0)
     assert events[1][:2] == ("resolved", 60.0)
     assert len(events) == 2
@@ -115,7 +137,9 @@ def test_admission_wait_unknown_without_the_signal():
     for t in range(100):
         ev.observe_scrape(URL, float(t), True)
         ev.observe(KEY, float(t), {sig.WAITING: 4})  # an older sidecar: no oldest_waiting_s
-        assert [x for x in ev.evaluate_target(URL, float(t), role="sidecar") if x.rule == "admission-wait"] == []
+        assert [
+            x for x in ev.evaluate_target(URL, float(t), role="sidecar") if x.rule == "admission-wait"
+        ] == []
 
 
 def test_inhibition_data_is_consistent():
@@ -133,12 +157,18 @@ def _collapse_then_thin(ev: AlertEvaluator, *, collapse_firing_from: float | Non
     for t in range(0, 150):
         ts = float(t)
         ev.observe_scrape(URL, ts, True)
-        ev.observe(KEY, ts, {sig.DIVERGENCE: 0.8, sig.KNOWN_TURNS: 100, sig.TOKEN_WEIGHTED: 0.1,
-                             sig.REQUEST_WEIGHTED: 0.9})
+        ev.observe(
+            KEY,
+            ts,
+            {sig.DIVERGENCE: 0.8, sig.KNOWN_TURNS: 100, sig.TOKEN_WEIGHTED: 0.1, sig.REQUEST_WEIGHTED: 0.9},
+        )
         tracker = ev._tracker("collapse", KEY)
         tracker.firing = collapse_firing_from is not None and collapse_firing_from <= ts < 80
-        out += [(x.rule, x.event, x.ts, x.inhibited_by) for x in ev.evaluate_target(URL, ts, role="sidecar")
-                if x.rule != "collapse"]
+        out += [
+            (x.rule, x.event, x.ts, x.inhibited_by)
+            for x in ev.evaluate_target(URL, ts, role="sidecar")
+            if x.rule != "collapse"
+        ]
     return out
 
 
@@ -151,8 +181,11 @@ def test_a_cause_firing_keeps_its_symptom_from_firing_until_it_resolves():
 def test_a_firing_symptom_is_closed_as_inhibited_when_its_cause_fires():
     ev = AlertEvaluator(AlertSettings(thin_reuse_for_s=30))
     events = _collapse_then_thin(ev, collapse_firing_from=50)
-    assert events == [("thin-reuse", "firing", 30.0, None), ("thin-reuse", "resolved", 50.0, "collapse"),
-                      ("thin-reuse", "firing", 80.0, None)]
+    assert events == [
+        ("thin-reuse", "firing", 30.0, None),
+        ("thin-reuse", "resolved", 50.0, "collapse"),
+        ("thin-reuse", "firing", 80.0, None),
+    ]
 
 
 def test_target_down_inhibits_a_bare_engines_collapse_on_every_label():
@@ -163,7 +196,8 @@ def test_target_down_inhibits_a_bare_engines_collapse_on_every_label():
     out = ev.evaluate_target("http://e", 1.0, role="engine", engine_labels=("0",))
     assert [(x.rule, x.key, x.event, x.inhibited_by) for x in out] == [
         ("target-down", ("http://e", ""), "firing", None),
-        ("collapse", ("http://e", "0"), "resolved", "target-down")]
+        ("collapse", ("http://e", "0"), "resolved", "target-down"),
+    ]
     assert out[1].summary.startswith("inhibited by target-down")
 
 

@@ -65,9 +65,13 @@ def run_evaluator(points, settings=None, role="sidecar"):
 
 def test_thin_reuse_fires_after_duration_and_resolves_with_hysteresis():
     d = [0.1] * 10 + [0.6] * 40 + [0.45] * 60 + [0.3] * 40
-    points = [(float(t), {sig.DIVERGENCE: v, sig.TOKEN_WEIGHTED: 0.2, sig.REQUEST_WEIGHTED: 0.2 + v,
-                          sig.KNOWN_TURNS: 50})
-              for t, v in enumerate(d)]
+    points = [
+        (
+            float(t),
+            {sig.DIVERGENCE: v, sig.TOKEN_WEIGHTED: 0.2, sig.REQUEST_WEIGHTED: 0.2 + v, sig.KNOWN_TURNS: 50},
+        )
+        for t, v in enumerate(d)
+    ]
     transitions = [x for x in run_evaluator(points) if x.rule == "thin-reuse"]
     assert [(x.event, x.ts) for x in transitions] == [("firing", 40.0), ("resolved", 140.0)]
     fired = transitions[0]
@@ -94,8 +98,12 @@ def test_compaction_granted_in_thin_reuse_fires_at_once():
     out = ev.evaluate_target(URL, 1.0, role="sidecar")
     assert [(x.rule, x.event) for x in out] == [("compaction-in-thin-reuse", "firing")]
     assert out[0].severity == "critical" and out[0].values["divergence"] == 0.7
-    assert [x for x in ev.evaluate_target(URL, 30.0, role="sidecar") if x.rule == "compaction-in-thin-reuse"] == []
-    resolved = [x for x in ev.evaluate_target(URL, 61.0, role="sidecar") if x.rule == "compaction-in-thin-reuse"]
+    assert [
+        x for x in ev.evaluate_target(URL, 30.0, role="sidecar") if x.rule == "compaction-in-thin-reuse"
+    ] == []
+    resolved = [
+        x for x in ev.evaluate_target(URL, 61.0, role="sidecar") if x.rule == "compaction-in-thin-reuse"
+    ]
     assert [x.event for x in resolved] == ["resolved"]
 
 
@@ -118,7 +126,9 @@ def test_stale_data_only_when_not_failing():
     assert [(x.rule, x.event) for x in out] == [("stale-data", "firing")]
     assert "no fresh data for 11 s" in out[0].summary
     ev.observe_scrape(URL, 12.0, True)
-    assert [(x.rule, x.event) for x in ev.evaluate_target(URL, 12.0, role="engine")] == [("stale-data", "resolved")]
+    assert [(x.rule, x.event) for x in ev.evaluate_target(URL, 12.0, role="engine")] == [
+        ("stale-data", "resolved")
+    ]
     # A failing target is target-down's business, never stale-data.
     ev2 = AlertEvaluator(AlertSettings(stale_after_s=10, down_for_s=0))
     ev2.observe_scrape(URL, 0.0, True)
@@ -130,8 +140,14 @@ def test_stale_data_only_when_not_failing():
 # ------------------------------------------------------------------ collapse on synthetic runs
 
 
-def synthetic_run(*, collapse_at: float | None, minutes: float = 30, recover_at: float | None = None, seed: int = 1,
-                  noise: float = 0.05):
+def synthetic_run(
+    *,
+    collapse_at: float | None,
+    minutes: float = 30,
+    recover_at: float | None = None,
+    seed: int = 1,
+    noise: float = 0.05,
+):
     """Per-second sidecar signals: healthy (R_t 0.9, 1.2 turns/s, ~8 sessions) then, from collapse_at,
     collapsed (R_t 0.1, 0.4 turns/s, sessions growing 1 per 20 s); recovering from recover_at."""
     rng = random.Random(seed)
@@ -145,17 +161,25 @@ def synthetic_run(*, collapse_at: float | None, minutes: float = 30, recover_at:
         else:
             hit, turns = 0.9, 1.2
             sessions = max(8.0, sessions - 0.2)
-        points.append((float(t), {
-            sig.TOKEN_WEIGHTED: min(1.0, max(0.0, hit + rng.uniform(-noise, noise))),
-            sig.TURNS_PER_S: max(0.0, turns + rng.uniform(-0.3, 0.3)),
-            sig.SESSIONS_IN_SYSTEM: round(sessions + rng.choice([-1, 0, 1])),
-        }))
+        points.append(
+            (
+                float(t),
+                {
+                    sig.TOKEN_WEIGHTED: min(1.0, max(0.0, hit + rng.uniform(-noise, noise))),
+                    sig.TURNS_PER_S: max(0.0, turns + rng.uniform(-0.3, 0.3)),
+                    sig.SESSIONS_IN_SYSTEM: round(sessions + rng.choice([-1, 0, 1])),
+                },
+            )
+        )
     return points
 
 
 def test_collapse_fires_once_soon_after_a_synthetic_collapse_and_resolves_on_recovery():
-    transitions = [x for x in run_evaluator(synthetic_run(collapse_at=600, recover_at=1500, minutes=35))
-                   if x.rule == "collapse"]
+    transitions = [
+        x
+        for x in run_evaluator(synthetic_run(collapse_at=600, recover_at=1500, minutes=35))
+        if x.rule == "collapse"
+    ]
     assert [x.event for x in transitions] == ["firing", "resolved"]
     fired, resolved = transitions
     # From 0.9 to 0.1 the 300 s mean reaches 0.3 after 225 s; the rule then holds 15 s.
@@ -174,8 +198,13 @@ def test_collapse_never_fires_on_a_healthy_noisy_run(seed):
 
 def test_low_hit_ratio_alone_is_not_collapse():
     # A cache flush: the hit ratio drops but throughput and backlog hold (nothing piles up).
-    points = [(float(t), {sig.TOKEN_WEIGHTED: 0.9 if t < 600 else 0.2, sig.TURNS_PER_S: 1.2,
-                          sig.SESSIONS_IN_SYSTEM: 8.0}) for t in range(1800)]
+    points = [
+        (
+            float(t),
+            {sig.TOKEN_WEIGHTED: 0.9 if t < 600 else 0.2, sig.TURNS_PER_S: 1.2, sig.SESSIONS_IN_SYSTEM: 8.0},
+        )
+        for t in range(1800)
+    ]
     assert [x for x in run_evaluator(points) if x.rule == "collapse"] == []
 
 
@@ -185,24 +214,36 @@ def test_collapse_on_a_bare_engine_uses_engine_counters():
     for t in range(1800):
         bad = t >= 600
         backlog += 0.05 if bad else 0.0
-        points.append((float(t), {sig.ENGINE_HIT_RATIO: 0.1 if bad else 0.9,
-                                  sig.GENERATION_TOKENS_PER_S: 300.0 if bad else 1000.0,
-                                  sig.REQUESTS_RUNNING: 4.0, sig.REQUESTS_WAITING: round(backlog)}))
+        points.append(
+            (
+                float(t),
+                {
+                    sig.ENGINE_HIT_RATIO: 0.1 if bad else 0.9,
+                    sig.GENERATION_TOKENS_PER_S: 300.0 if bad else 1000.0,
+                    sig.REQUESTS_RUNNING: 4.0,
+                    sig.REQUESTS_WAITING: round(backlog),
+                },
+            )
+        )
     ev = AlertEvaluator()
     fired = []
     for ts, values in points:
         ev.observe_scrape("http://engine", ts, True)
         ev.observe(("http://engine", "0"), ts, values)
-        fired += [x for x in ev.evaluate_target("http://engine", ts, role="engine", engine_labels=("0",))
-                  if x.rule == "collapse"]
+        fired += [
+            x
+            for x in ev.evaluate_target("http://engine", ts, role="engine", engine_labels=("0",))
+            if x.rule == "collapse"
+        ]
     assert [(x.event, x.key) for x in fired] == [("firing", ("http://engine", "0"))]
     assert "requests running+waiting" in fired[0].summary
     # A fronted engine leaves collapse to its sidecar.
     ev2 = AlertEvaluator()
     for ts, values in points:
         ev2.observe(("http://engine", "0"), ts, values)
-        assert not ev2.evaluate_target("http://engine", ts, role="engine", engine_labels=("0",),
-                                       fronted_by_sidecar=True)
+        assert not ev2.evaluate_target(
+            "http://engine", ts, role="engine", engine_labels=("0",), fronted_by_sidecar=True
+        )
 
 
 # ------------------------------------------------------------------ collapse on recorded simulator runs
@@ -211,10 +252,26 @@ REPO = Path(__file__).resolve().parents[2]
 SIM_MINUTES = 40
 
 
-def _simulator_run(tmp_path: Path, scenario: str, control: str, seed: int, settings: tuple[str, ...] = ()) -> dict:
+def _simulator_run(
+    tmp_path: Path, scenario: str, control: str, seed: int, settings: tuple[str, ...] = ()
+) -> dict:
     out = tmp_path / f"{scenario}-{control}-{seed}"
-    cmd = [sys.executable, "-m", "simulator", "run", "--scenario", scenario, "--control", control,
-           "--seed", str(seed), "--minutes", str(SIM_MINUTES), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "simulator",
+        "run",
+        "--scenario",
+        scenario,
+        "--control",
+        control,
+        "--seed",
+        str(seed),
+        "--minutes",
+        str(SIM_MINUTES),
+        "--out",
+        str(out),
+    ]
     for setting in settings:
         cmd += ["--set", setting]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
@@ -224,8 +281,16 @@ def _simulator_run(tmp_path: Path, scenario: str, control: str, seed: int, setti
 
 def _points(run: dict) -> list:
     series = run["series"]
-    names = [sig.TOKEN_WEIGHTED, sig.ENGINE_HIT_RATIO, sig.TURNS_PER_S, sig.SESSIONS_IN_SYSTEM, sig.PARKED,
-             sig.KV_USAGE, sig.DEMAND_TOKENS, sig.REQUEST_WEIGHTED]
+    names = [
+        sig.TOKEN_WEIGHTED,
+        sig.ENGINE_HIT_RATIO,
+        sig.TURNS_PER_S,
+        sig.SESSIONS_IN_SYSTEM,
+        sig.PARKED,
+        sig.KV_USAGE,
+        sig.DEMAND_TOKENS,
+        sig.REQUEST_WEIGHTED,
+    ]
     present = [n for n in names if n in series]
     return [(float(t), {n: series[n][i] for n in present}) for i, t in enumerate(series["t"])]
 
@@ -241,12 +306,17 @@ def test_collapse_alert_fires_once_within_60_s_of_a_recorded_collapse(tmp_path, 
     assert abs(collapse[0].ts - collapse_s) <= 60, (collapse[0].ts, collapse_s)
 
 
-@pytest.mark.parametrize(("scenario", "control", "seed", "settings"), [
-    # a burst of 9 sessions (the calibrated burst of 24 collapses ~99% of runs) that the engine absorbs
-    ("agent-burst", "off", 1, ("burst_rate=0.03",)),
-    ("agent-steady", "off", 1, ()),
-])
-def test_collapse_alert_never_fires_on_a_run_that_does_not_collapse(tmp_path, scenario, control, seed, settings):
+@pytest.mark.parametrize(
+    ("scenario", "control", "seed", "settings"),
+    [
+        # a burst of 9 sessions (the calibrated burst of 24 collapses ~99% of runs) that the engine absorbs
+        ("agent-burst", "off", 1, ("burst_rate=0.03",)),
+        ("agent-steady", "off", 1, ()),
+    ],
+)
+def test_collapse_alert_never_fires_on_a_run_that_does_not_collapse(
+    tmp_path, scenario, control, seed, settings
+):
     run = _simulator_run(tmp_path, scenario, control, seed, settings)
     assert run["summary"]["degraded_at"] == []
     assert [x for x in replay(_points(run)) if x.rule == "collapse"] == []

@@ -22,8 +22,14 @@ NO_EVENTS = Events()
 
 
 def turn(ts: float, prompt: int, cached: int | None, completion: int = 100, **kw: object) -> Turn:
-    return Turn(ts=ts, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion,
-                session=kw.pop("session", "s1"), **kw)  # type: ignore[arg-type]
+    return Turn(
+        ts=ts,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        completion_tokens=completion,
+        session=kw.pop("session", "s1"),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_first_turn_of_a_session_is_cold() -> None:
@@ -36,13 +42,13 @@ def test_unknown_cached_count_is_never_a_miss() -> None:
 
 
 def test_healthy_turn_is_new_tokens_and_the_partial_block_tail() -> None:
-    prev = turn(0, 5000, 4992, completion=150)          # context 5150 -> 321 full blocks = 5136
+    prev = turn(0, 5000, 4992, completion=150)  # context 5150 -> 321 full blocks = 5136
     now = turn(10, 6150, 5136)
     assert attribute(now, prev, NO_EVENTS) == {"new": 1000, "partial-block": 14}
 
 
 def test_missing_reusable_tokens_go_to_the_first_cause_that_applies() -> None:
-    prev = turn(0, 5000, 4992, completion=152)            # context 5152 = 322 blocks exactly
+    prev = turn(0, 5000, 4992, completion=152)  # context 5152 = 322 blocks exactly
     now = turn(10, 6152, 0)
     base = {"new": 1000}
     assert attribute(now, prev, NO_EVENTS) == {**base, "unattributed": 5152}
@@ -55,7 +61,9 @@ def test_missing_reusable_tokens_go_to_the_first_cause_that_applies() -> None:
     rewritten = Events(prefix_changes={"doc": [5.0]}, pressure=[(4.0, 6.0)])
     compacted = turn(10, 6152, 0, parked_s=30.0, sidecar="b", subtree="doc")
     assert attribute(compacted, turn(0, 5000, 4992, completion=152, subtree="doc"), rewritten) == {
-        **base, "prefix-changed": 5152}
+        **base,
+        "prefix-changed": 5152,
+    }
 
 
 def test_events_outside_the_gap_between_turns_do_not_count() -> None:
@@ -70,11 +78,11 @@ def test_events_outside_the_gap_between_turns_do_not_count() -> None:
 def test_sessionless_turns_learn_their_subtree_prefix() -> None:
     a = Attributor(Events(prefix_changes={"kb": [25.0]}), block_size=16)
     rag = dict(session=None, subtree="kb", completion=50)
-    assert a.add(turn(0, 7000, 0, **rag)) == {"cold": 7000}                 # never served: cold
-    assert a.add(turn(1, 7200, 6000, **rag)) == {"new": 1200}               # shared 6000 learnt
+    assert a.add(turn(0, 7000, 0, **rag)) == {"cold": 7000}  # never served: cold
+    assert a.add(turn(1, 7200, 6000, **rag)) == {"new": 1200}  # shared 6000 learnt
     assert a.add(turn(2, 6500, 2000, **rag)) == {"new": 500, "unattributed": 4000}
     assert a.add(turn(30, 6500, 0, **rag)) == {"new": 500, "prefix-changed": 6000}  # rewritten at 25
-    assert a.add(turn(31, 6500, 6000, **rag)) == {"new": 500}               # re-learnt after the rewrite
+    assert a.add(turn(31, 6500, 6000, **rag)) == {"new": 500}  # re-learnt after the rewrite
 
 
 def test_a_session_without_a_subtree_or_history_and_no_session_is_cold() -> None:
@@ -101,10 +109,16 @@ def test_block_size_must_be_positive() -> None:
         split_uncached(100, 0, 50, 0, "unattributed")
 
 
-@given(prompt=st.integers(0, 50_000), cached=st.integers(0, 50_000), reusable=st.integers(0, 60_000),
-       block=st.sampled_from([1, 16, 32]), cause=st.sampled_from(CAUSES))
-def test_parts_always_add_up_to_the_uncached_count(prompt: int, cached: int, reusable: int, block: int,
-                                                   cause: str) -> None:
+@given(
+    prompt=st.integers(0, 50_000),
+    cached=st.integers(0, 50_000),
+    reusable=st.integers(0, 60_000),
+    block=st.sampled_from([1, 16, 32]),
+    cause=st.sampled_from(CAUSES),
+)
+def test_parts_always_add_up_to_the_uncached_count(
+    prompt: int, cached: int, reusable: int, block: int, cause: str
+) -> None:
     cached = min(cached, prompt)
     parts = split_uncached(prompt, cached, reusable, block, cause)
     assert sum(parts.values()) == prompt - cached

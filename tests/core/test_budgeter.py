@@ -69,8 +69,8 @@ def test_new_sessions_wait_above_low_band_and_are_admitted_fifo_when_demand_fall
     b = budgeter()
     assert b.request_turn("a", 0.0, 70_000, 1_000) == "forward"
     assert b.request_turn("b", 1.0, 10_000, 1_000) == "forward"  # demand 71k < 75k
-    assert b.request_turn("c", 2.0, 10_000, 1_000) == "hold"     # demand 82k >= 75k
-    assert b.request_turn("d", 3.0, 1_000, 0) == "hold"          # FIFO: behind c
+    assert b.request_turn("c", 2.0, 10_000, 1_000) == "hold"  # demand 82k >= 75k
+    assert b.request_turn("d", 3.0, 1_000, 0) == "hold"  # FIFO: behind c
     assert b.session("c").state == WAITING
     finish(b, "a", 4.0, 70_000, 100)
     b.end_session("a", 4.0)
@@ -111,7 +111,7 @@ def test_parked_session_readmitted_before_new_sessions_with_original_admission_t
     finish(b, "a", 2.0, 60_000)
     finish(b, "b", 2.0, 50_000)  # b grows: demand 110k > 95k
     assert b.request_turn("b", 3.0, 51_000, 0) == "hold"  # b is newest: parked
-    assert b.request_turn("c", 4.0, 1_000, 0) == "hold"   # new session queues behind parked b
+    assert b.request_turn("c", 4.0, 1_000, 0) == "hold"  # new session queues behind parked b
     b.end_session("a", 5.0)
     assert b.release(6.0) == ["b", "c"]
     assert b.session("b").admitted_at == 1.0
@@ -184,7 +184,11 @@ def test_no_pool_means_token_bands_do_not_act():
 
 def test_session_cap_park():
     b = budgeter("session-cap-park", session_cap=2)
-    assert [b.request_turn(s, float(i), 100, 0) for i, s in enumerate("abc")] == ["forward", "forward", "hold"]
+    assert [b.request_turn(s, float(i), 100, 0) for i, s in enumerate("abc")] == [
+        "forward",
+        "forward",
+        "hold",
+    ]
     b.set_config(b.config.replace(session_cap=1))
     for sid in "ab":
         finish(b, sid, 5.0, 100)
@@ -314,7 +318,9 @@ def test_invariants_under_any_sequence_of_events(events):
         sessions = b.sessions()
         # the running totals equal what they summarise
         assert b.demand_tokens() == sum(s.demand_tokens for s in sessions if s.state == ADMITTED)
-        assert b.counts() == {st: sum(1 for s in sessions if s.state == st) for st in (ADMITTED, PARKED, WAITING)}
+        assert b.counts() == {
+            st: sum(1 for s in sessions if s.state == st) for st in (ADMITTED, PARKED, WAITING)
+        }
         for s in sessions:
             assert s.state in (ADMITTED, PARKED, WAITING)
             assert s.inflight >= 0

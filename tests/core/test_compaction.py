@@ -23,8 +23,12 @@ def sub(sid: str, hits: int, cached: int = 0, turns: int = 0, floor: int = 3) ->
     return SubtreeStats(sid, turns or hits, cached * 2, cached, hits, cached, cached * 2, hits >= floor, 0.0)
 
 
-STATS = {"hot": sub("hot", 10, 60_000), "warm": sub("warm", 4, 20_000), "cold": sub("cold", 1, 500),
-         "idle": sub("idle", 0, 0)}
+STATS = {
+    "hot": sub("hot", 10, 60_000),
+    "warm": sub("warm", 4, 20_000),
+    "cold": sub("cold", 1, 500),
+    "idle": sub("idle", 0, 0),
+}
 
 
 def verdicts(targets: list[str], **kw: object) -> dict[str, str]:
@@ -35,7 +39,11 @@ def verdicts(targets: list[str], **kw: object) -> dict[str, str]:
 
 def test_normal_grants_cold_and_defers_warm() -> None:
     assert verdicts(["hot", "cold", "idle", "never-seen"]) == {
-        "hot": "deferred", "cold": "granted", "idle": "granted", "never-seen": "granted"}
+        "hot": "deferred",
+        "cold": "granted",
+        "idle": "granted",
+        "never-seen": "granted",
+    }
 
 
 def test_thin_reuse_with_a_warm_target_defers_everything() -> None:
@@ -48,7 +56,9 @@ def test_thin_reuse_with_only_cold_targets_grants() -> None:
 
 def test_storage_pressure_keeps_top_k_hottest_even_in_thin_reuse() -> None:
     policy = CompactionPolicy(top_k_pinned=2)
-    got = verdicts(["hot", "warm", "cold", "idle"], urgency="storage-pressure", regime="thin-reuse", policy=policy)
+    got = verdicts(
+        ["hot", "warm", "cold", "idle"], urgency="storage-pressure", regime="thin-reuse", policy=policy
+    )
     assert got == {"hot": "deferred", "warm": "deferred", "cold": "granted", "idle": "granted"}
 
 
@@ -59,8 +69,9 @@ def test_operator_deferral_overrides_everything_until_it_ends() -> None:
 
 
 def test_every_decision_has_a_reason() -> None:
-    for d in decide_compaction(["hot", "cold"], STATS, regime="thin-reuse", urgency="normal", now=0,
-                               deferred_until=None):
+    for d in decide_compaction(
+        ["hot", "cold"], STATS, regime="thin-reuse", urgency="normal", now=0, deferred_until=None
+    ):
         assert d.reason
 
 
@@ -77,11 +88,16 @@ stats_strategy = st.dictionaries(
 
 
 @settings(max_examples=300, deadline=None)
-@given(stats_strategy, st.lists(st.sampled_from(["a", "b", "c", "d", "e", "z"]), min_size=1, max_size=6),
-       st.sampled_from(["normal", "thin-reuse"]), st.sampled_from(["normal", "storage-pressure"]),
-       st.integers(1, 10_000))
-def test_decisions_never_depend_on_request_counts(stats: dict[str, SubtreeStats], targets: list[str],
-                                                  regime: str, urgency: str, scale: int) -> None:
+@given(
+    stats_strategy,
+    st.lists(st.sampled_from(["a", "b", "c", "d", "e", "z"]), min_size=1, max_size=6),
+    st.sampled_from(["normal", "thin-reuse"]),
+    st.sampled_from(["normal", "storage-pressure"]),
+    st.integers(1, 10_000),
+)
+def test_decisions_never_depend_on_request_counts(
+    stats: dict[str, SubtreeStats], targets: list[str], regime: str, urgency: str, scale: int
+) -> None:
     """Multiplying every subtree's turn count changes nothing: the gate reads tokens and warmth only."""
     scaled = {k: dataclasses.replace(v, turns=v.turns * scale) for k, v in stats.items()}
     kw: dict[str, object] = dict(regime=regime, urgency=urgency, now=0.0, deferred_until=None)
@@ -91,8 +107,12 @@ def test_decisions_never_depend_on_request_counts(stats: dict[str, SubtreeStats]
 
 
 @settings(max_examples=300, deadline=None)
-@given(stats_strategy, st.lists(st.sampled_from(["a", "b", "c", "d", "e", "z"]), min_size=1, max_size=6),
-       st.sampled_from(["normal", "thin-reuse"]), st.integers(0, 4))
+@given(
+    stats_strategy,
+    st.lists(st.sampled_from(["a", "b", "c", "d", "e", "z"]), min_size=1, max_size=6),
+    st.sampled_from(["normal", "thin-reuse"]),
+    st.integers(0, 4),
+)
 def test_invariants(stats: dict[str, SubtreeStats], targets: list[str], regime: str, k: int) -> None:
     normal = decide_compaction(targets, stats, regime=regime, urgency="normal", now=0.0, deferred_until=None)
     assert len(normal) == len(targets)
@@ -101,8 +121,15 @@ def test_invariants(stats: dict[str, SubtreeStats], targets: list[str], regime: 
             assert not d.warm  # a warm subtree is never granted under normal urgency
     if regime == "thin-reuse" and any(d.warm for d in normal):
         assert all(d.decision == "deferred" for d in normal)
-    pressure = decide_compaction(targets, stats, regime=regime, urgency="storage-pressure", now=0.0,
-                                 deferred_until=None, policy=CompactionPolicy(top_k_pinned=k))
+    pressure = decide_compaction(
+        targets,
+        stats,
+        regime=regime,
+        urgency="storage-pressure",
+        now=0.0,
+        deferred_until=None,
+        policy=CompactionPolicy(top_k_pinned=k),
+    )
     pinned = set(pinned_subtrees(stats, k))
     assert len(pinned) <= k
     for d in pressure:

@@ -16,21 +16,31 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "engine-metrics"
 def test_interval_quantiles_from_the_buckets_increase() -> None:
     before = {"e2e": ((1.0, 5.0), (2.0, 5.0), (math.inf, 5.0))}
     after = {"e2e": ((1.0, 5.0), (2.0, 15.0), (math.inf, 15.0))}  # 10 new requests, all in (1, 2]
-    assert interval_quantiles(before, after) == {"e2e_p50": 1.5, "e2e_p90": 1.9, "e2e_p99": pytest.approx(1.99)}
+    assert interval_quantiles(before, after) == {
+        "e2e_p50": 1.5,
+        "e2e_p90": 1.9,
+        "e2e_p99": pytest.approx(1.99),
+    }
     assert interval_quantiles(after, after) == {}  # nothing observed: absent, not 0
     assert interval_quantiles(after, before) == {}  # a reset
 
 
 def test_bucket_delta_and_merge() -> None:
     assert bucket_delta(((1.0, 1.0),), ((2.0, 1.0),)) is None  # changed bounds
-    assert merge([((1.0, 1.0), (math.inf, 2.0)), ((1.0, 3.0), (math.inf, 3.0))]) == ((1.0, 4.0), (math.inf, 5.0))
+    assert merge([((1.0, 1.0), (math.inf, 2.0)), ((1.0, 3.0), (math.inf, 3.0))]) == (
+        (1.0, 4.0),
+        (math.inf, 5.0),
+    )
     assert histogram_quantile(0.5, ((10.0, 0.0), (math.inf, 4.0))) == 10.0
 
 
-@pytest.mark.parametrize(("capture", "families"), [
-    ("vllm-0.33.0-statlogger.prom", ["e2e", "itl", "queue_time", "prompt_len", "output_len"]),
-    ("sglang-0.5.23-collectors.prom", ["e2e", "itl", "queue_time", "prompt_len", "output_len"]),
-])
+@pytest.mark.parametrize(
+    ("capture", "families"),
+    [
+        ("vllm-0.33.0-statlogger.prom", ["e2e", "itl", "queue_time", "prompt_len", "output_len"]),
+        ("sglang-0.5.23-collectors.prom", ["e2e", "itl", "queue_time", "prompt_len", "output_len"]),
+    ],
+)
 def test_captures_carry_the_serving_histograms(capture: str, families: list[str]) -> None:
     page = parse_engine_metrics((FIXTURES / capture).read_text())
     found = {f for e in page.engines.values() for f, buckets in e.histograms if buckets}

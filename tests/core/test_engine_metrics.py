@@ -28,44 +28,114 @@ def read(name: str) -> str:
 # Expected canonical values, written down from reading each file (SOURCES.md gives the totals).
 EXPECTED = {
     "vllm-0.33.0-statlogger.prom": dict(
-        kind="vllm", labels=["0"], process_start_ts=1.79593527806e09, pool=12160,
-        values={"0": dict(prefix_cache_queries=25477.0, prefix_cache_hits=10576.0, prompt_tokens=25477.0,
-                          generation_tokens=1058.0, cached_tokens=10576.0, preemptions=1.0,
-                          kv_usage=0.6013157894736842, requests_running=7.0, requests_waiting=2.0,
-                          pool_tokens=12160)},
-        ttft_count={"0": 25.0}),
+        kind="vllm",
+        labels=["0"],
+        process_start_ts=1.79593527806e09,
+        pool=12160,
+        values={
+            "0": dict(
+                prefix_cache_queries=25477.0,
+                prefix_cache_hits=10576.0,
+                prompt_tokens=25477.0,
+                generation_tokens=1058.0,
+                cached_tokens=10576.0,
+                preemptions=1.0,
+                kv_usage=0.6013157894736842,
+                requests_running=7.0,
+                requests_waiting=2.0,
+                pool_tokens=12160,
+            )
+        },
+        ttft_count={"0": 25.0},
+    ),
     "sglang-0.5.23-collectors.prom": dict(
-        kind="sglang", labels=[""], process_start_ts=None, pool=44856,
+        kind="sglang",
+        labels=[""],
+        process_start_ts=None,
+        pool=44856,
         # prompt 89395 + 79306 over is_streaming; cached (device) 55247; retractions 1.
-        values={"": dict(prefix_cache_queries=168701.0, prefix_cache_hits=55247.0, prompt_tokens=168701.0,
-                         generation_tokens=14542.0 + 10232.0, cached_tokens=55247.0, preemptions=1.0,
-                         kv_usage=0.6, requests_running=7.0, requests_waiting=2.0, pool_tokens=44856)},
-        ttft_count={"": 51.0}),
+        values={
+            "": dict(
+                prefix_cache_queries=168701.0,
+                prefix_cache_hits=55247.0,
+                prompt_tokens=168701.0,
+                generation_tokens=14542.0 + 10232.0,
+                cached_tokens=55247.0,
+                preemptions=1.0,
+                kv_usage=0.6,
+                requests_running=7.0,
+                requests_waiting=2.0,
+                pool_tokens=44856,
+            )
+        },
+        ttft_count={"": 51.0},
+    ),
     "sglang-docs-llama-3.1-8b.prom": dict(
-        kind="sglang", labels=[""], process_start_ts=None, pool=None,
-        values={"": dict(prompt_tokens=8128902.0, generation_tokens=7557572.0, cached_tokens=None,
-                         prefix_cache_hits=None, kv_usage=0.28, requests_running=162.0, requests_waiting=2826.0,
-                         pool_tokens=None)},
-        ttft_count={"": 11008.0}),
+        kind="sglang",
+        labels=[""],
+        process_start_ts=None,
+        pool=None,
+        values={
+            "": dict(
+                prompt_tokens=8128902.0,
+                generation_tokens=7557572.0,
+                cached_tokens=None,
+                prefix_cache_hits=None,
+                kv_usage=0.28,
+                requests_running=162.0,
+                requests_waiting=2826.0,
+                pool_tokens=None,
+            )
+        },
+        ttft_count={"": 11008.0},
+    ),
     "sglang-pr7944-deepseek-r1-fragment.prom": dict(
-        kind="sglang", labels=[""], process_start_ts=None, pool=None,
-        values={"": dict(cached_tokens=2688.0, prompt_tokens=None, kv_usage=0.0, requests_running=0.0,
-                         requests_waiting=None)},
-        ttft_count={}),
+        kind="sglang",
+        labels=[""],
+        process_start_ts=None,
+        pool=None,
+        values={
+            "": dict(
+                cached_tokens=2688.0,
+                prompt_tokens=None,
+                kv_usage=0.0,
+                requests_running=0.0,
+                requests_waiting=None,
+            )
+        },
+        ttft_count={},
+    ),
     "sglang-dp8-deepseek-r1-fragment.prom": dict(
-        kind="sglang", labels=[], process_start_ts=None, pool=None, values={}, ttft_count={}),
+        kind="sglang", labels=[], process_start_ts=None, pool=None, values={}, ttft_count={}
+    ),
     "vllm-0.10.0-glm-4.5-fragment.prom": dict(
         # current prefix_cache_queries_total (32); hits only under the legacy gpu_ name (0);
         # gpu_prefix_cache_queries appears only as a *_created sample, which is not data.
-        kind="vllm", labels=["0"], process_start_ts=None, pool=None,
-        values={"0": dict(prefix_cache_queries=32.0, prefix_cache_hits=0.0, kv_usage=9.75010481363281e-06,
-                          requests_running=None)},
-        ttft_count={}),
+        kind="vllm",
+        labels=["0"],
+        process_start_ts=None,
+        pool=None,
+        values={
+            "0": dict(
+                prefix_cache_queries=32.0,
+                prefix_cache_hits=0.0,
+                kv_usage=9.75010481363281e-06,
+                requests_running=None,
+            )
+        },
+        ttft_count={},
+    ),
     "vllm-v1-0.8era-qwen2.5-coder-32b-fragment.prom": dict(
         # legacy gpu_cache_usage_perc; no engine label; the last family's sample is cut off.
-        kind="vllm", labels=[""], process_start_ts=1.74262400557e09, pool=None,
-        values={"": dict(kv_usage=0.0, requests_running=0.0, requests_waiting=0.0, prefix_cache_queries=None)},
-        ttft_count={}),
+        kind="vllm",
+        labels=[""],
+        process_start_ts=1.74262400557e09,
+        pool=None,
+        values={
+            "": dict(kv_usage=0.0, requests_running=0.0, requests_waiting=0.0, prefix_cache_queries=None)
+        },
+        ttft_count={},
+    ),
 }
 
 
@@ -126,23 +196,39 @@ def test_filtering_keeps_every_value_of_the_full_page():
             continue
         full = _collect(list(text_string_to_metric_families(text)), page.kind)
         assert full.engines == page.engines, name
-    assert len(filter_page(read("vllm-0.33.0-statlogger.prom"))) < len(read("vllm-0.33.0-statlogger.prom")) / 3
+    assert (
+        len(filter_page(read("vllm-0.33.0-statlogger.prom"))) < len(read("vllm-0.33.0-statlogger.prom")) / 3
+    )
 
 
-def _two_engine_page(q0: float, h0: float, q1: float, h1: float, *, start: float = 1000.0,
-                     cache_info: str = 'kv_cache_size_tokens="8000"') -> str:
-    lines = [f"process_start_time_seconds {start}",
-             "# TYPE vllm:prefix_cache_queries_total counter",
-             f'vllm:prefix_cache_queries_total{{engine="0"}} {q0}', f'vllm:prefix_cache_queries_total{{engine="1"}} {q1}',
-             'vllm:prefix_cache_queries_created{engine="0"} 1.7e9',
-             "# TYPE vllm:prefix_cache_hits_total counter",
-             f'vllm:prefix_cache_hits_total{{engine="0"}} {h0}', f'vllm:prefix_cache_hits_total{{engine="1"}} {h1}',
-             "# TYPE vllm:kv_cache_usage_perc gauge",
-             'vllm:kv_cache_usage_perc{engine="0"} 0.2', 'vllm:kv_cache_usage_perc{engine="1"} 0.6',
-             "# TYPE vllm:num_requests_running gauge",
-             'vllm:num_requests_running{engine="0"} 3', 'vllm:num_requests_running{engine="1"} 4',
-             "# TYPE vllm:cache_config_info gauge",
-             f'vllm:cache_config_info{{engine="0",{cache_info}}} 1', f'vllm:cache_config_info{{engine="1",{cache_info}}} 1']
+def _two_engine_page(
+    q0: float,
+    h0: float,
+    q1: float,
+    h1: float,
+    *,
+    start: float = 1000.0,
+    cache_info: str = 'kv_cache_size_tokens="8000"',
+) -> str:
+    lines = [
+        f"process_start_time_seconds {start}",
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f'vllm:prefix_cache_queries_total{{engine="0"}} {q0}',
+        f'vllm:prefix_cache_queries_total{{engine="1"}} {q1}',
+        'vllm:prefix_cache_queries_created{engine="0"} 1.7e9',
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f'vllm:prefix_cache_hits_total{{engine="0"}} {h0}',
+        f'vllm:prefix_cache_hits_total{{engine="1"}} {h1}',
+        "# TYPE vllm:kv_cache_usage_perc gauge",
+        'vllm:kv_cache_usage_perc{engine="0"} 0.2',
+        'vllm:kv_cache_usage_perc{engine="1"} 0.6',
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0"} 3',
+        'vllm:num_requests_running{engine="1"} 4',
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{engine="0",{cache_info}}} 1',
+        f'vllm:cache_config_info{{engine="1",{cache_info}}} 1',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -157,25 +243,35 @@ def test_engine_labels_kept_apart_and_summed():
 
 
 def test_pool_falls_back_to_blocks_times_block_size():
-    text = _two_engine_page(1, 1, 1, 1, cache_info='kv_cache_size_tokens="None",num_gpu_blocks="760",block_size="16"')
+    text = _two_engine_page(
+        1, 1, 1, 1, cache_info='kv_cache_size_tokens="None",num_gpu_blocks="760",block_size="16"'
+    )
     assert pool_tokens(text) == 2 * 760 * 16
 
 
 def test_created_samples_are_not_data():
-    text = "# TYPE vllm:prefix_cache_queries_created gauge\nvllm:prefix_cache_queries_created{engine=\"0\"} 1.7e9\n" \
-           "vllm:num_requests_running{engine=\"0\"} 1\n"
+    text = (
+        '# TYPE vllm:prefix_cache_queries_created gauge\nvllm:prefix_cache_queries_created{engine="0"} 1.7e9\n'
+        'vllm:num_requests_running{engine="0"} 1\n'
+    )
     assert parse_engine_metrics(text).engines["0"].prefix_cache_queries is None
 
 
-@pytest.mark.parametrize(("text", "reason"), [
-    ("", "empty page"),
-    ("   \n", "empty page"),
-    ("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>", "HTML page"),
-    ('{"detail": "Not Found"}', "JSON instead"),
-    ("hello world, nothing here\n", "no vLLM or SGLang metrics"),
-    ('vllm:num_requests_running{engine="0" 7 7 oops\n', "malformed"),
-    ('vllm:num_requests_running{engine="0",model_name="m"} 3\nvllm:kv_cache_usage_perc{engine="0",mod', "malformed"),
-])
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty page"),
+        ("   \n", "empty page"),
+        ("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>", "HTML page"),
+        ('{"detail": "Not Found"}', "JSON instead"),
+        ("hello world, nothing here\n", "no vLLM or SGLang metrics"),
+        ('vllm:num_requests_running{engine="0" 7 7 oops\n', "malformed"),
+        (
+            'vllm:num_requests_running{engine="0",model_name="m"} 3\nvllm:kv_cache_usage_perc{engine="0",mod',
+            "malformed",
+        ),
+    ],
+)
 def test_bad_pages_raise_with_a_reason(text, reason):
     with pytest.raises(MetricsPageError, match=reason):
         parse_engine_metrics(text)
@@ -183,8 +279,10 @@ def test_bad_pages_raise_with_a_reason(text, reason):
 
 
 def test_nan_and_inf_are_missing_values():
-    text = 'vllm:kv_cache_usage_perc{engine="0"} NaN\nvllm:num_requests_running{engine="0"} +Inf\n' \
-           'vllm:num_requests_waiting{engine="0"} 2\n'
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0"} NaN\nvllm:num_requests_running{engine="0"} +Inf\n'
+        'vllm:num_requests_waiting{engine="0"} 2\n'
+    )
     page = parse_engine_metrics(text)
     snap = page.engines["0"]
     assert snap.kv_usage is None and snap.requests_running is None and snap.requests_waiting == 2
@@ -200,9 +298,19 @@ def test_sglang_nan_gauge_in_real_capture_is_ignored():
 
 
 def snap(q: float, h: float, **kw: float) -> EngineSnapshot:
-    return EngineSnapshot(engine_label="0", prefix_cache_queries=q, prefix_cache_hits=h, prompt_tokens=q,
-                          cached_tokens=h, generation_tokens=kw.get("g", 0.0), preemptions=kw.get("p", 0.0),
-                          kv_usage=0.5, requests_running=2, requests_waiting=1, pool_tokens=1000)
+    return EngineSnapshot(
+        engine_label="0",
+        prefix_cache_queries=q,
+        prefix_cache_hits=h,
+        prompt_tokens=q,
+        cached_tokens=h,
+        generation_tokens=kw.get("g", 0.0),
+        preemptions=kw.get("p", 0.0),
+        kv_usage=0.5,
+        requests_running=2,
+        requests_waiting=1,
+        pool_tokens=1000,
+    )
 
 
 def test_interval_rates():

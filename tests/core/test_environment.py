@@ -6,8 +6,14 @@ from core.environment import setting
 
 
 def test_prefixed_name_wins_and_legacy_names_fall_back() -> None:
-    env = {"PREFIXOPS_DATABASE_URL": "sqlite:///a.db", "DATABASE_URL": "sqlite:///b.db", "ENGINE_PORT": "9000",
-           "PREFIXOPS_CONFIG": " fleet.toml ", "CONFIG": "ignored.toml", "PREFIXOPS_DEMO_SPEED": "  "}
+    env = {
+        "PREFIXOPS_DATABASE_URL": "sqlite:///a.db",
+        "DATABASE_URL": "sqlite:///b.db",
+        "ENGINE_PORT": "9000",
+        "PREFIXOPS_CONFIG": " fleet.toml ",
+        "CONFIG": "ignored.toml",
+        "PREFIXOPS_DEMO_SPEED": "  ",
+    }
     assert setting(env, "DATABASE_URL") == "sqlite:///a.db"
     assert setting(env, "PREFIXOPS_DATABASE_URL") == "sqlite:///a.db"
     assert setting(env, "ENGINE_PORT") == "9000"

@@ -12,8 +12,8 @@ from core.rates import counter_delta, counter_rate, ratio
     [
         (10.0, 15.0, 5.0),
         (10.0, 10.0, 0.0),
-        (None, 5.0, None),          # first sample: nothing to compare with
-        (10.0, 3.0, None),          # engine restarted: no rate for this interval
+        (None, 5.0, None),  # first sample: nothing to compare with
+        (10.0, 3.0, None),  # engine restarted: no rate for this interval
         (10.0, math.nan, None),
         (math.inf, 5.0, None),
     ],

@@ -68,7 +68,7 @@ def test_last_turns_agrees_with_the_reference(sample: list[Turn], n: int) -> Non
     w = LastTurns(n)
     for i, turn in enumerate(sample):
         w.add(turn)
-        assert w.stats() == stats_of(sample[max(0, i + 1 - n): i + 1])
+        assert w.stats() == stats_of(sample[max(0, i + 1 - n) : i + 1])
 
 
 def test_unknown_turns_are_not_misses() -> None:
@@ -105,8 +105,10 @@ def test_normalise_turn_caps_engine_nonsense() -> None:
     assert normalise_turn(0, 10, None).cached_tokens is None
 
 
-@pytest.mark.parametrize("kwargs", [dict(enter=0.4, exit=0.5), dict(enter=float("nan")), dict(min_turns=0),
-                                    dict(exit=float("inf"))])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(enter=0.4, exit=0.5), dict(enter=float("nan")), dict(min_turns=0), dict(exit=float("inf"))],
+)
 def test_regime_config_rejects_bad_values(kwargs: dict[str, float]) -> None:
     with pytest.raises(ReuseConfigError):
         RegimeConfig(**kwargs)

@@ -9,14 +9,46 @@ from core import signals as sig
 from core.risk import RiskSettings, assess, ramp, slope_per_min
 
 # Explicit ramps and weights, so the expected numbers below do not move when the defaults are retuned.
-S = RiskSettings(level_s=30, trend_s=60, reference_s=300, prefill_capacity_tokens_per_s=10_000,
-                 demand_lo=1.0, demand_hi=1.25, demand_trend_floor=0.9, demand_growth_lo=0.0,
-                 demand_growth_hi=0.2, flow_lo=0.0, flow_hi=4.0, missed_lo=0.2, missed_hi=0.6,
-                 drop_lo=0.1, drop_hi=0.5, kv_lo=0.8, kv_hi=1.0, queue_lo=0.0, queue_hi=20.0,
-                 queue_growth_lo=0.0, queue_growth_hi=10.0, preempt_lo=0.0, preempt_hi=1.0,
-                 w_kv_demand=0.5, w_demand_trend=0.25, w_session_flow=0.25, w_missed_prefill=0.5,
-                 w_rt_trend=0.25, w_kv_usage=0.5, w_queue=0.25, w_queue_growth=0.25, w_preemptions=0.25,
-                 w_hit_trend=0.5, w_throughput=0.25, warn_enter=0.6, warn_exit=0.3, warn_for_s=10, warn_clear_s=60)
+S = RiskSettings(
+    level_s=30,
+    trend_s=60,
+    reference_s=300,
+    prefill_capacity_tokens_per_s=10_000,
+    demand_lo=1.0,
+    demand_hi=1.25,
+    demand_trend_floor=0.9,
+    demand_growth_lo=0.0,
+    demand_growth_hi=0.2,
+    flow_lo=0.0,
+    flow_hi=4.0,
+    missed_lo=0.2,
+    missed_hi=0.6,
+    drop_lo=0.1,
+    drop_hi=0.5,
+    kv_lo=0.8,
+    kv_hi=1.0,
+    queue_lo=0.0,
+    queue_hi=20.0,
+    queue_growth_lo=0.0,
+    queue_growth_hi=10.0,
+    preempt_lo=0.0,
+    preempt_hi=1.0,
+    w_kv_demand=0.5,
+    w_demand_trend=0.25,
+    w_session_flow=0.25,
+    w_missed_prefill=0.5,
+    w_rt_trend=0.25,
+    w_kv_usage=0.5,
+    w_queue=0.25,
+    w_queue_growth=0.25,
+    w_preemptions=0.25,
+    w_hit_trend=0.5,
+    w_throughput=0.25,
+    warn_enter=0.6,
+    warn_exit=0.3,
+    warn_for_s=10,
+    warn_clear_s=60,
+)
 
 
 def points(seconds: int, **series) -> list[tuple[float, dict[str, float]]]:
@@ -62,8 +94,16 @@ def test_no_data_is_unknown_not_zero():
 
 def test_sidecar_inputs_exact():
     # demand 1.1 of the pool growing 0.1/min, sessions +2/min, 3000 missed tokens/s from the engine, R_t flat
-    pts = points(120, **{sig.DEMAND_FRACTION: lambda t: 0.9 + t / 600, sig.SESSIONS_IN_SYSTEM: lambda t: t / 30,
-                         sig.PROMPT_TOKENS_PER_S: 5000, sig.CACHED_TOKENS_PER_S: 2000, sig.TOKEN_WEIGHTED: 0.6})
+    pts = points(
+        120,
+        **{
+            sig.DEMAND_FRACTION: lambda t: 0.9 + t / 600,
+            sig.SESSIONS_IN_SYSTEM: lambda t: t / 30,
+            sig.PROMPT_TOKENS_PER_S: 5000,
+            sig.CACHED_TOKENS_PER_S: 2000,
+            sig.TOKEN_WEIGHTED: 0.6,
+        },
+    )
     a = assess(pts, 120.0, "sidecar", S)
     x = by_name(a)
     # demand: mean over (90, 120] = 0.9 + 105.5/600
@@ -88,15 +128,25 @@ def test_sidecar_inputs_exact():
 
 
 def test_demand_trend_and_flow_only_count_near_the_pool():
-    pts = points(120, **{sig.DEMAND_FRACTION: lambda t: 0.5 + t / 600, sig.SESSIONS_IN_SYSTEM: lambda t: t / 30})
+    pts = points(
+        120, **{sig.DEMAND_FRACTION: lambda t: 0.5 + t / 600, sig.SESSIONS_IN_SYSTEM: lambda t: t / 30}
+    )
     x = by_name(assess(pts, 120.0, "sidecar", S))
     assert x["demand_trend"].value == 0.0 and x["session_flow"].value == 0.0
 
 
 def test_sidecar_estimates_missed_tokens_without_engine_counters():
     # 2 turns/s x (400000 demand / 20 admitted = 20000 tokens a turn) x (1 - 0.75) = 10000 tokens/s
-    pts = points(60, **{sig.DEMAND_FRACTION: 0.8, sig.TURNS_PER_S: 2.0, sig.DEMAND_TOKENS: 400_000,
-                        sig.ADMITTED: 20, sig.TOKEN_WEIGHTED: 0.75})
+    pts = points(
+        60,
+        **{
+            sig.DEMAND_FRACTION: 0.8,
+            sig.TURNS_PER_S: 2.0,
+            sig.DEMAND_TOKENS: 400_000,
+            sig.ADMITTED: 20,
+            sig.TOKEN_WEIGHTED: 0.75,
+        },
+    )
     x = by_name(assess(pts, 60.0, "sidecar", S))
     assert x["missed_prefill"].value == pytest.approx(1.0)
     assert x["missed_prefill"].pressure == 1.0 and x["missed_prefill"].contribution == 0.5
@@ -110,13 +160,19 @@ def test_rt_trend_is_the_fall_from_the_best_recent_level():
 
 
 def test_engine_inputs_exact():
-    pts = points(300, **{
-        sig.KV_USAGE: 0.9, sig.REQUESTS_WAITING: lambda t: max(0.0, (t - 240) / 6),  # +10/min over the last minute
-        sig.PREEMPTIONS_PER_S: lambda t: 0.5 if t > 270 else 0.0,
-        sig.PREFIX_CACHE_QUERIES_PER_S: 10_000, sig.PREFIX_CACHE_HITS_PER_S: lambda t: 9000 if t <= 270 else 6000,
-        sig.PROMPT_TOKENS_PER_S: 10_000, sig.CACHED_TOKENS_PER_S: lambda t: 9000 if t <= 270 else 6000,
-        sig.GENERATION_TOKENS_PER_S: lambda t: 1000 if t <= 270 else 700,
-    })
+    pts = points(
+        300,
+        **{
+            sig.KV_USAGE: 0.9,
+            sig.REQUESTS_WAITING: lambda t: max(0.0, (t - 240) / 6),  # +10/min over the last minute
+            sig.PREEMPTIONS_PER_S: lambda t: 0.5 if t > 270 else 0.0,
+            sig.PREFIX_CACHE_QUERIES_PER_S: 10_000,
+            sig.PREFIX_CACHE_HITS_PER_S: lambda t: 9000 if t <= 270 else 6000,
+            sig.PROMPT_TOKENS_PER_S: 10_000,
+            sig.CACHED_TOKENS_PER_S: lambda t: 9000 if t <= 270 else 6000,
+            sig.GENERATION_TOKENS_PER_S: lambda t: 1000 if t <= 270 else 700,
+        },
+    )
     a = assess(pts, 300.0, "engine", S)
     x = by_name(a)
     assert x["kv_usage"].value == 0.9 and x["kv_usage"].pressure == 0.5 and x["kv_usage"].contribution == 0.25
@@ -124,7 +180,9 @@ def test_engine_inputs_exact():
     assert x["queue_growth"].value == pytest.approx(10.0) and x["queue_growth"].contribution == 0.25
     assert x["preemptions"].value == 0.5 and x["preemptions"].contribution == 0.125
     assert x["hit_trend"].value == pytest.approx(0.3) and x["hit_trend"].pressure == pytest.approx(0.5)
-    assert x["missed_prefill"].value == pytest.approx(0.4) and x["missed_prefill"].pressure == pytest.approx(0.5)
+    assert x["missed_prefill"].value == pytest.approx(0.4) and x["missed_prefill"].pressure == pytest.approx(
+        0.5
+    )
     assert x["throughput"].value == pytest.approx(0.3)  # 1000 -> 700 tokens/s while the prompt load held
     assert a.score == 1.0  # capped
     assert a.leading(2)[0].name in {"hit_trend", "missed_prefill"}
@@ -132,9 +190,14 @@ def test_engine_inputs_exact():
 
 
 def test_throughput_fall_with_less_work_offered_is_not_a_symptom():
-    pts = points(300, **{sig.GENERATION_TOKENS_PER_S: lambda t: 1000 if t <= 270 else 500,
-                         sig.PROMPT_TOKENS_PER_S: lambda t: 10_000 if t <= 270 else 4000,
-                         sig.CACHED_TOKENS_PER_S: lambda t: 9000 if t <= 270 else 3600})
+    pts = points(
+        300,
+        **{
+            sig.GENERATION_TOKENS_PER_S: lambda t: 1000 if t <= 270 else 500,
+            sig.PROMPT_TOKENS_PER_S: lambda t: 10_000 if t <= 270 else 4000,
+            sig.CACHED_TOKENS_PER_S: lambda t: 9000 if t <= 270 else 3600,
+        },
+    )
     x = by_name(assess(pts, 300.0, "engine", S))
     assert x["throughput"].value == 0.0
 
@@ -146,9 +209,18 @@ def test_engine_hit_trend_falls_back_to_the_ratio_signal():
 
 
 def test_a_healthy_engine_scores_zero_with_no_leading_input():
-    pts = points(300, **{sig.KV_USAGE: 0.5, sig.REQUESTS_WAITING: 0, sig.PREEMPTIONS_PER_S: 0,
-                         sig.PROMPT_TOKENS_PER_S: 3000, sig.CACHED_TOKENS_PER_S: 2700,
-                         sig.GENERATION_TOKENS_PER_S: 800, sig.ENGINE_HIT_RATIO: 0.9})
+    pts = points(
+        300,
+        **{
+            sig.KV_USAGE: 0.5,
+            sig.REQUESTS_WAITING: 0,
+            sig.PREEMPTIONS_PER_S: 0,
+            sig.PROMPT_TOKENS_PER_S: 3000,
+            sig.CACHED_TOKENS_PER_S: 2700,
+            sig.GENERATION_TOKENS_PER_S: 800,
+            sig.ENGINE_HIT_RATIO: 0.9,
+        },
+    )
     a = assess(pts, 300.0, "engine", S)
     assert a.score == 0.0 and a.leading() == []
     assert a.summary() == "collapse risk 0.00: no input under pressure"
@@ -168,11 +240,19 @@ def test_the_docs_tables_match_the_defaults():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "collapse-risk.md").read_text()
     d = RiskSettings()
-    ramps = {"kv_demand": (d.demand_lo, d.demand_hi), "demand_trend": (d.demand_growth_lo, d.demand_growth_hi),
-             "session_flow": (d.flow_lo, d.flow_hi), "missed_prefill": (d.missed_lo, d.missed_hi),
-             "rt_trend": (d.drop_lo, d.drop_hi), "kv_usage": (d.kv_lo, d.kv_hi), "queue": (d.queue_lo, d.queue_hi),
-             "queue_growth": (d.queue_growth_lo, d.queue_growth_hi), "preemptions": (d.preempt_lo, d.preempt_hi),
-             "hit_trend": (d.drop_lo, d.drop_hi), "throughput": (d.drop_lo, d.drop_hi)}
+    ramps = {
+        "kv_demand": (d.demand_lo, d.demand_hi),
+        "demand_trend": (d.demand_growth_lo, d.demand_growth_hi),
+        "session_flow": (d.flow_lo, d.flow_hi),
+        "missed_prefill": (d.missed_lo, d.missed_hi),
+        "rt_trend": (d.drop_lo, d.drop_hi),
+        "kv_usage": (d.kv_lo, d.kv_hi),
+        "queue": (d.queue_lo, d.queue_hi),
+        "queue_growth": (d.queue_growth_lo, d.queue_growth_hi),
+        "preemptions": (d.preempt_lo, d.preempt_hi),
+        "hit_trend": (d.drop_lo, d.drop_hi),
+        "throughput": (d.drop_lo, d.drop_hi),
+    }
     for name, (lo, hi) in ramps.items():
         rows = re.findall(rf"^\| `{name}` \|.*$", text, flags=re.M)
         assert rows, f"docs/collapse-risk.md has no row for {name}"

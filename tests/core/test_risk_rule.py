@@ -14,16 +14,31 @@ URL = "http://sidecar:8100"
 
 def sidecar_run(demand_at, seconds: int) -> list[tuple[float, dict[str, float]]]:
     """Per-second sidecar signals with a demand fraction given by ``demand_at(t)``; nothing else under pressure."""
-    return [(float(t), {sig.DEMAND_FRACTION: demand_at(t), sig.SESSIONS_IN_SYSTEM: 10.0, sig.TOKEN_WEIGHTED: 0.9,
-                        sig.TURNS_PER_S: 1.0, sig.DEMAND_TOKENS: 300_000.0, sig.ADMITTED: 10.0})
-            for t in range(1, seconds + 1)]
+    return [
+        (
+            float(t),
+            {
+                sig.DEMAND_FRACTION: demand_at(t),
+                sig.SESSIONS_IN_SYSTEM: 10.0,
+                sig.TOKEN_WEIGHTED: 0.9,
+                sig.TURNS_PER_S: 1.0,
+                sig.DEMAND_TOKENS: 300_000.0,
+                sig.ADMITTED: 10.0,
+            },
+        )
+        for t in range(1, seconds + 1)
+    ]
 
 
 def test_the_rule_is_a_warning_with_its_defaults_from_core_risk():
     s, r = AlertSettings(), RiskSettings()
     assert SEVERITY["collapse-risk"] == "warning" and SPECS["collapse-risk"].scopes == ("sidecar", "engine")
-    assert (s.risk_enter, s.risk_exit, s.risk_for_s, s.risk_clear_s) == (r.warn_enter, r.warn_exit, r.warn_for_s,
-                                                                         r.warn_clear_s)
+    assert (s.risk_enter, s.risk_exit, s.risk_for_s, s.risk_clear_s) == (
+        r.warn_enter,
+        r.warn_exit,
+        r.warn_for_s,
+        r.warn_clear_s,
+    )
     assert "collapse" in causes_of("collapse-risk")
     with pytest.raises(ValueError, match="risk_exit must be below risk_enter"):
         AlertSettings(risk_enter=0.4, risk_exit=0.5)
@@ -36,7 +51,7 @@ def test_fires_after_for_s_and_resolves_after_clear_s_below_exit():
     risk = [x for x in replay(points, url=URL, settings=settings) if x.rule == "collapse-risk"]
     assert [x.event for x in risk] == ["firing", "resolved"]
     # first judgement at or above enter (the model's numbers are tested exactly in test_risk.py), then for_s
-    scores = [(t, assess(points[:int(t)], t, "sidecar").score) for t, _ in points]
+    scores = [(t, assess(points[: int(t)], t, "sidecar").score) for t, _ in points]
     entered = next(t for t, score in scores if score >= settings.risk_enter)
     assert 110 < entered < 130
     assert risk[0].ts == entered + 5
@@ -65,12 +80,20 @@ def test_bare_engine_uses_engine_inputs_and_risk_of_exposes_the_assessment():
     ev = AlertEvaluator()
     fired = []
     for t in range(1, 121):
-        values = {sig.KV_USAGE: 0.99, sig.REQUESTS_WAITING: 25.0, sig.PREEMPTIONS_PER_S: 0.0,
-                  sig.PROMPT_TOKENS_PER_S: 3000.0, sig.CACHED_TOKENS_PER_S: 2700.0}
+        values = {
+            sig.KV_USAGE: 0.99,
+            sig.REQUESTS_WAITING: 25.0,
+            sig.PREEMPTIONS_PER_S: 0.0,
+            sig.PROMPT_TOKENS_PER_S: 3000.0,
+            sig.CACHED_TOKENS_PER_S: 2700.0,
+        }
         ev.observe_scrape("http://engine", float(t), True)
         ev.observe(("http://engine", "0"), float(t), values)
-        fired += [x for x in ev.evaluate_target("http://engine", float(t), role="engine", engine_labels=("0",))
-                  if x.rule == "collapse-risk"]
+        fired += [
+            x
+            for x in ev.evaluate_target("http://engine", float(t), role="engine", engine_labels=("0",))
+            if x.rule == "collapse-risk"
+        ]
     # kv_usage 0.99 (+0.55) and 25 waiting (+0.3): 0.85 from the first judgement, fires 5 s later
     assert [(x.event, x.ts, x.key) for x in fired] == [("firing", 6.0, ("http://engine", "0"))]
     risk = ev.risk_of("http://engine", since=120.0)
@@ -104,10 +127,14 @@ def test_the_prefill_capacity_is_a_setting_of_the_fleet():
     def run(settings):
         ev = AlertEvaluator(settings)
         for t in range(1, 40):
-            ev.observe(("http://e", "0"), float(t), {sig.PROMPT_TOKENS_PER_S: 8000.0, sig.CACHED_TOKENS_PER_S: 2000.0,
-                                                    sig.KV_USAGE: 0.8})
+            ev.observe(
+                ("http://e", "0"),
+                float(t),
+                {sig.PROMPT_TOKENS_PER_S: 8000.0, sig.CACHED_TOKENS_PER_S: 2000.0, sig.KV_USAGE: 0.8},
+            )
             ev.evaluate_target("http://e", float(t), role="engine", engine_labels=("0",))
         return ev.risk_of("http://e")[("http://e", "0")]
+
     default = run(AlertSettings())
     small = run(AlertSettings(risk_prefill_capacity_tokens_per_s=4000))
     x = {i.name: i for i in default.inputs}

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from core.runs import degraded_minutes, is_degraded, judge_run, slope_per_min, window_ratio
 
 
-def per_second(minutes: int, rate_by_minute: dict[int, float], prompt: int = 1000) -> tuple[list[int], list[int]]:
+def per_second(
+    minutes: int, rate_by_minute: dict[int, float], prompt: int = 1000
+) -> tuple[list[int], list[int]]:
     """One 1000-token turn per second; cached fraction by minute (default 0.95)."""
     p, c = [], []
     for s in range(minutes * 60):

@@ -72,4 +72,3 @@ def texts(at: AppTest) -> str:
     for kind in ("markdown", "text", "caption", "error", "warning", "info", "success", "title", "subheader"):
         parts.extend(str(e.value) for e in at.get(kind))
     return "\n".join(parts)
-

@@ -59,7 +59,11 @@ NASTY_SESSION = "<b>sess</b>*md* [x](javascript:alert(1))"
 
 ENGINES = {
     "a": {"engine_url": "http://127.0.0.1:18000", "sidecar_url": "http://127.0.0.1:18100", "labels": [""]},
-    "b": {"engine_url": "http://127.0.0.1:18001", "sidecar_url": "http://127.0.0.1:18101", "labels": ["0", "1"]},
+    "b": {
+        "engine_url": "http://127.0.0.1:18001",
+        "sidecar_url": "http://127.0.0.1:18101",
+        "labels": ["0", "1"],
+    },
     "c": {"engine_url": "http://127.0.0.1:18002", "sidecar_url": "http://127.0.0.1:18102", "labels": [""]},
 }
 
@@ -124,8 +128,14 @@ def raw_times(last_t: float, raw_seconds: float) -> list[float]:
     return sparse + dense
 
 
-def fill_database(engine: Engine, now: float | None = None, *, heartbeat_age: float = 1.0,
-                  raw_seconds: float = RAW_SECONDS, rollup_days: float = ROLLUP_DAYS) -> float:
+def fill_database(
+    engine: Engine,
+    now: float | None = None,
+    *,
+    heartbeat_age: float = 1.0,
+    raw_seconds: float = RAW_SECONDS,
+    rollup_days: float = ROLLUP_DAYS,
+) -> float:
     """Create the schema in `engine` and insert the fleet described above; returns `now`."""
     now = time.time() if now is None else now
     Base.metadata.create_all(engine)
@@ -134,16 +144,39 @@ def fill_database(engine: Engine, now: float | None = None, *, heartbeat_age: fl
         for name, spec in ENGINES.items():
             down = name == "c"
             last_ok = now - DOWN_AGO if down else now - 1.0
-            eng = Target(url=spec["engine_url"], role="engine", kind="vllm", configured_kind="auto", name=name,
-                         labels={}, interval_s=1.0, up=not down, last_scrape_ts=now - 1.0,
-                         last_success_ts=last_ok, last_error="ConnectError: connection refused" if down else None,
-                         last_error_ts=now - 1.0 if down else None, scrape_duration_s=0.004,
-                         consecutive_failures=DOWN_AGO if down else 0, created_ts=now - 9 * 86400)
-            side = Target(url=spec["sidecar_url"], role="sidecar", kind="sidecar", configured_kind="sidecar",
-                          name=f"{name}-sidecar", labels={}, engine_url=spec["engine_url"], interval_s=1.0,
-                          up=not down, last_scrape_ts=now - 1.0, last_success_ts=last_ok,
-                          last_error="ConnectError: connection refused" if down else None,
-                          consecutive_failures=DOWN_AGO if down else 0, created_ts=now - 9 * 86400)
+            eng = Target(
+                url=spec["engine_url"],
+                role="engine",
+                kind="vllm",
+                configured_kind="auto",
+                name=name,
+                labels={},
+                interval_s=1.0,
+                up=not down,
+                last_scrape_ts=now - 1.0,
+                last_success_ts=last_ok,
+                last_error="ConnectError: connection refused" if down else None,
+                last_error_ts=now - 1.0 if down else None,
+                scrape_duration_s=0.004,
+                consecutive_failures=DOWN_AGO if down else 0,
+                created_ts=now - 9 * 86400,
+            )
+            side = Target(
+                url=spec["sidecar_url"],
+                role="sidecar",
+                kind="sidecar",
+                configured_kind="sidecar",
+                name=f"{name}-sidecar",
+                labels={},
+                engine_url=spec["engine_url"],
+                interval_s=1.0,
+                up=not down,
+                last_scrape_ts=now - 1.0,
+                last_success_ts=last_ok,
+                last_error="ConnectError: connection refused" if down else None,
+                consecutive_failures=DOWN_AGO if down else 0,
+                created_ts=now - 9 * 86400,
+            )
             db.add_all([eng, side])
             targets[(name, "engine")] = eng
             targets[(name, "sidecar")] = side
@@ -153,8 +186,10 @@ def fill_database(engine: Engine, now: float | None = None, *, heartbeat_age: fl
         rollups: list[dict[str, Any]] = []
         for name, spec in ENGINES.items():
             last_t = now - DOWN_AGO if name == "c" else now - 1.0
-            for role, labels, fn in (("engine", spec["labels"], engine_signals),
-                                     ("sidecar", [""], sidecar_signals)):
+            for role, labels, fn in (
+                ("engine", spec["labels"], engine_signals),
+                ("sidecar", [""], sidecar_signals),
+            ):
                 target = targets[(name, role)]
                 for label in labels:
                     sig_ids: dict[str, int] = {}
@@ -169,14 +204,23 @@ def fill_database(engine: Engine, now: float | None = None, *, heartbeat_age: fl
                     minute = math.floor((last_t - rollup_days * 86400) / 60) * 60
                     while minute <= last_t - 60:
                         for signal, value in fn(name, minute + 30, now).items():
-                            rollups.append({"series_id": sig_ids[signal], "ts": float(minute), "min": value,
-                                            "max": value, "mean": value, "last": value, "count": 12})
+                            rollups.append(
+                                {
+                                    "series_id": sig_ids[signal],
+                                    "ts": float(minute),
+                                    "min": value,
+                                    "max": value,
+                                    "mean": value,
+                                    "last": value,
+                                    "count": 12,
+                                }
+                            )
                         minute += 60
         db.flush()
         for chunk in range(0, len(samples), 5000):
-            db.execute(insert(Sample), samples[chunk:chunk + 5000])
+            db.execute(insert(Sample), samples[chunk : chunk + 5000])
         for chunk in range(0, len(rollups), 5000):
-            db.execute(insert(Rollup1m), rollups[chunk:chunk + 5000])
+            db.execute(insert(Rollup1m), rollups[chunk : chunk + 5000])
 
         for name in ENGINES:
             side = targets[(name, "sidecar")]
@@ -184,94 +228,257 @@ def fill_database(engine: Engine, now: float | None = None, *, heartbeat_age: fl
             sig = sidecar_signals(name, state_ts, now)
             collapsed = name == "a"
             state = {
-                "reuse": {"token_weighted": sig["token_weighted"], "request_weighted": sig["request_weighted"],
-                          "divergence": sig["divergence"], "regime": "thin-reuse" if collapsed else "normal",
-                          "window_s": 60.0},
-                "budgeter": {"mode": "budgeter-park", "low": 0.75, "high": 0.95, "pool_tokens": POOL_TOKENS,
-                             "demand_tokens": int(sig["demand_tokens"])},
-                "backlog": {"admitted": int(sig["admitted"]), "parked": int(sig["parked"]),
-                            "waiting": int(sig["waiting"])},
+                "reuse": {
+                    "token_weighted": sig["token_weighted"],
+                    "request_weighted": sig["request_weighted"],
+                    "divergence": sig["divergence"],
+                    "regime": "thin-reuse" if collapsed else "normal",
+                    "window_s": 60.0,
+                },
+                "budgeter": {
+                    "mode": "budgeter-park",
+                    "low": 0.75,
+                    "high": 0.95,
+                    "pool_tokens": POOL_TOKENS,
+                    "demand_tokens": int(sig["demand_tokens"]),
+                },
+                "backlog": {
+                    "admitted": int(sig["admitted"]),
+                    "parked": int(sig["parked"]),
+                    "waiting": int(sig["waiting"]),
+                },
                 "compaction": {"deferred_until": now + 900 if collapsed else None},
                 "warnings": ["engine reports no kv_cache_size_tokens; pool from num_gpu_blocks x block_size"]
-                if collapsed else [],
+                if collapsed
+                else [],
             }
-            db.add(SidecarState(target_id=side.id, ts=state_ts, state=state, regime=state["reuse"]["regime"],
-                                budgeter_mode="budgeter-park",
-                                compaction_deferred_until=state["compaction"]["deferred_until"],
-                                warnings=state["warnings"]))
+            db.add(
+                SidecarState(
+                    target_id=side.id,
+                    ts=state_ts,
+                    state=state,
+                    regime=state["reuse"]["regime"],
+                    budgeter_mode="budgeter-park",
+                    compaction_deferred_until=state["compaction"]["deferred_until"],
+                    warnings=state["warnings"],
+                )
+            )
 
         # Sessions: engine a has many, some parked (manual and automatic), some waiting.
         a_side = targets[("a", "sidecar")]
         for i in range(30):
             state = "parked" if i < 6 else ("waiting" if i >= 26 else "admitted")
             sid = NASTY_SESSION if i == 29 else f"agent-{i:03d}"
-            db.add(Session(target_id=a_side.id, session_id=sid, state=state, context_tokens=10_000 + 1000 * i,
-                           turns=1 + i % 17, manual=(i < 2) if state == "parked" else False, pinned=(i == 10),
-                           last_cached_fraction=0.08 + 0.01 * (i % 5) if i > 10 else 0.93,
-                           present=True, first_seen_ts=now - 3000 + 60 * i, last_seen_ts=now - 1.0,
-                           data={"id": sid, "state": state, "arrived_at": now - 3000 + 60 * i,
-                                 "admitted_at": None if state == "waiting" else now - 2900 + 60 * i,
-                                 "parked_since": now - 600 + 30 * i if state == "parked" else None,
-                                 "output_budget": 1024}))
+            db.add(
+                Session(
+                    target_id=a_side.id,
+                    session_id=sid,
+                    state=state,
+                    context_tokens=10_000 + 1000 * i,
+                    turns=1 + i % 17,
+                    manual=(i < 2) if state == "parked" else False,
+                    pinned=(i == 10),
+                    last_cached_fraction=0.08 + 0.01 * (i % 5) if i > 10 else 0.93,
+                    present=True,
+                    first_seen_ts=now - 3000 + 60 * i,
+                    last_seen_ts=now - 1.0,
+                    data={
+                        "id": sid,
+                        "state": state,
+                        "arrived_at": now - 3000 + 60 * i,
+                        "admitted_at": None if state == "waiting" else now - 2900 + 60 * i,
+                        "parked_since": now - 600 + 30 * i if state == "parked" else None,
+                        "output_budget": 1024,
+                    },
+                )
+            )
         b_side = targets[("b", "sidecar")]
         for i in range(5):
-            db.add(Session(target_id=b_side.id, session_id=f"rag-{i}", state="admitted",
-                           context_tokens=20_000, turns=4, manual=False, pinned=False, last_cached_fraction=0.9,
-                           present=True, first_seen_ts=now - 500, last_seen_ts=now - 1.0,
-                           data={"id": f"rag-{i}", "state": "admitted", "admitted_at": now - 500,
-                                 "output_budget": 1024}))
+            db.add(
+                Session(
+                    target_id=b_side.id,
+                    session_id=f"rag-{i}",
+                    state="admitted",
+                    context_tokens=20_000,
+                    turns=4,
+                    manual=False,
+                    pinned=False,
+                    last_cached_fraction=0.9,
+                    present=True,
+                    first_seen_ts=now - 500,
+                    last_seen_ts=now - 1.0,
+                    data={
+                        "id": f"rag-{i}",
+                        "state": "admitted",
+                        "admitted_at": now - 500,
+                        "output_budget": 1024,
+                    },
+                )
+            )
 
         for i, (tokens, hits) in enumerate(((6000, 40.0), (3000, 12.0), (2500, 0.0), (8000, 0.5))):
-            db.add(Subtree(target_id=a_side.id, subtree_id=f"system-prompt-{i}", tokens=tokens, warm=hits > 1,
-                           pinned=i == 0, recent_hits=hits, last_hit_ts=now - 5 - 100 * i, present=True,
-                           first_seen_ts=now - 5000, last_seen_ts=now - 1.0, data={}))
+            db.add(
+                Subtree(
+                    target_id=a_side.id,
+                    subtree_id=f"system-prompt-{i}",
+                    tokens=tokens,
+                    warm=hits > 1,
+                    pinned=i == 0,
+                    recent_hits=hits,
+                    last_hit_ts=now - 5 - 100 * i,
+                    present=True,
+                    first_seen_ts=now - 5000,
+                    last_seen_ts=now - 1.0,
+                    data={},
+                )
+            )
 
         for i in range(12):
             ts = now - COLLAPSE_AGO + 120 * i
             granted = i in (0, 1)
-            db.add(CompactionDecision(target_id=a_side.id, remote_id=i + 1, ts=ts, subtree_id=f"system-prompt-{i % 4}",
-                                      decision="granted" if granted else "deferred", granted=granted,
-                                      reason="subtree cold, D below threshold" if granted
-                                      else "thin-reuse regime (D=0.80 above 0.50) and warm targets",
-                                      divergence=0.2 if granted else 0.8, data={}))
+            db.add(
+                CompactionDecision(
+                    target_id=a_side.id,
+                    remote_id=i + 1,
+                    ts=ts,
+                    subtree_id=f"system-prompt-{i % 4}",
+                    decision="granted" if granted else "deferred",
+                    granted=granted,
+                    reason="subtree cold, D below threshold"
+                    if granted
+                    else "thin-reuse regime (D=0.80 above 0.50) and warm targets",
+                    divergence=0.2 if granted else 0.8,
+                    data={},
+                )
+            )
 
         audit = [
-            AuditEntry(source="sidecar", target_id=a_side.id, remote_id=1, ts=now - 20 * 60, actor="alice",
-                       action="park", params={"session_id": "agent-000"}, outcome="ok",
-                       data={"before": {"state": "admitted"}, "after": {"state": "parked"}}),
-            AuditEntry(source="sidecar", target_id=a_side.id, remote_id=2, ts=now - 19 * 60, actor="alice",
-                       action="compaction.defer", params={"minutes": 45}, outcome="ok",
-                       data={"before": {"deferred_until": None}, "after": {"deferred_until": now + 900}}),
-            AuditEntry(source="sidecar", target_id=targets[("b", "sidecar")].id, remote_id=1, ts=now - 3 * 3600,
-                       actor="bob", action="budgeter", params={"low": 0.7, "high": 0.9}, outcome="ok",
-                       data={"before": {"low": 0.75, "high": 0.95}, "after": {"low": 0.7, "high": 0.9}}),
-            AuditEntry(source="dashboard", target_id=None, remote_id=None, ts=now - 21 * 60, actor="alice",
-                       action="sign-in", params={"method": "passphrase"}, outcome="ok", data={}),
+            AuditEntry(
+                source="sidecar",
+                target_id=a_side.id,
+                remote_id=1,
+                ts=now - 20 * 60,
+                actor="alice",
+                action="park",
+                params={"session_id": "agent-000"},
+                outcome="ok",
+                data={"before": {"state": "admitted"}, "after": {"state": "parked"}},
+            ),
+            AuditEntry(
+                source="sidecar",
+                target_id=a_side.id,
+                remote_id=2,
+                ts=now - 19 * 60,
+                actor="alice",
+                action="compaction.defer",
+                params={"minutes": 45},
+                outcome="ok",
+                data={"before": {"deferred_until": None}, "after": {"deferred_until": now + 900}},
+            ),
+            AuditEntry(
+                source="sidecar",
+                target_id=targets[("b", "sidecar")].id,
+                remote_id=1,
+                ts=now - 3 * 3600,
+                actor="bob",
+                action="budgeter",
+                params={"low": 0.7, "high": 0.9},
+                outcome="ok",
+                data={"before": {"low": 0.75, "high": 0.95}, "after": {"low": 0.7, "high": 0.9}},
+            ),
+            AuditEntry(
+                source="dashboard",
+                target_id=None,
+                remote_id=None,
+                ts=now - 21 * 60,
+                actor="alice",
+                action="sign-in",
+                params={"method": "passphrase"},
+                outcome="ok",
+                data={},
+            ),
         ]
         db.add_all(audit)
         db.execute(insert(Turn), turn_rows(a_side.id, now, COLLAPSE_AGO))
 
-        db.add_all([
-            Alert(rule="collapse", target_id=targets[("a", "sidecar")].id, engine_label="", severity="critical",
-                  state="firing", started_ts=now - COLLAPSE_AGO + 120, resolved_ts=None, last_eval_ts=now - 1,
-                  summary="engine a collapsed: hit ratio 0.10, backlog 120 and growing",
-                  values={"hit_ratio": 0.1, "backlog": 120}),
-            Alert(rule="thin-reuse", target_id=targets[("a", "sidecar")].id, engine_label="", severity="warning",
-                  state="firing", started_ts=now - COLLAPSE_AGO + 60, resolved_ts=None, last_eval_ts=now - 1,
-                  summary="D = 0.80 above 0.50 for 60 s", values={"divergence": 0.8},
-                  acknowledged_by="alice", acknowledged_ts=now - 20 * 60),
-            Alert(rule="target-down", target_id=targets[("c", "engine")].id, engine_label="", severity="critical",
-                  state="firing", started_ts=now - DOWN_AGO + 5, resolved_ts=None, last_eval_ts=now - 1,
-                  summary="engine c is down: ConnectError", values={"consecutive_failures": 600}),
-            Alert(rule="demand-over-band", target_id=targets[("b", "sidecar")].id, engine_label="", severity="warning",
-                  state="resolved", started_ts=now - 5 * 3600, resolved_ts=now - 4.5 * 3600, last_eval_ts=now - 1,
-                  summary="demand 0.97 of pool above high band 0.95", values={"demand_fraction": 0.97}),
-        ])
-        db.add(Silence(rule="demand-over-band", target_id=targets[("b", "sidecar")].id, starts_ts=now - 600,
-                       ends_ts=now + 3000, created_by="bob", created_ts=now - 600, comment="load test"))
-        db.add(CollectorHeartbeat(name="collectors", pid=4242, host="localhost", started_ts=now - 9 * 86400,
-                                  last_beat_ts=now - heartbeat_age, targets=6, targets_up=4,
-                                  config_path=None, info={}))
+        db.add_all(
+            [
+                Alert(
+                    rule="collapse",
+                    target_id=targets[("a", "sidecar")].id,
+                    engine_label="",
+                    severity="critical",
+                    state="firing",
+                    started_ts=now - COLLAPSE_AGO + 120,
+                    resolved_ts=None,
+                    last_eval_ts=now - 1,
+                    summary="engine a collapsed: hit ratio 0.10, backlog 120 and growing",
+                    values={"hit_ratio": 0.1, "backlog": 120},
+                ),
+                Alert(
+                    rule="thin-reuse",
+                    target_id=targets[("a", "sidecar")].id,
+                    engine_label="",
+                    severity="warning",
+                    state="firing",
+                    started_ts=now - COLLAPSE_AGO + 60,
+                    resolved_ts=None,
+                    last_eval_ts=now - 1,
+                    summary="D = 0.80 above 0.50 for 60 s",
+                    values={"divergence": 0.8},
+                    acknowledged_by="alice",
+                    acknowledged_ts=now - 20 * 60,
+                ),
+                Alert(
+                    rule="target-down",
+                    target_id=targets[("c", "engine")].id,
+                    engine_label="",
+                    severity="critical",
+                    state="firing",
+                    started_ts=now - DOWN_AGO + 5,
+                    resolved_ts=None,
+                    last_eval_ts=now - 1,
+                    summary="engine c is down: ConnectError",
+                    values={"consecutive_failures": 600},
+                ),
+                Alert(
+                    rule="demand-over-band",
+                    target_id=targets[("b", "sidecar")].id,
+                    engine_label="",
+                    severity="warning",
+                    state="resolved",
+                    started_ts=now - 5 * 3600,
+                    resolved_ts=now - 4.5 * 3600,
+                    last_eval_ts=now - 1,
+                    summary="demand 0.97 of pool above high band 0.95",
+                    values={"demand_fraction": 0.97},
+                ),
+            ]
+        )
+        db.add(
+            Silence(
+                rule="demand-over-band",
+                target_id=targets[("b", "sidecar")].id,
+                starts_ts=now - 600,
+                ends_ts=now + 3000,
+                created_by="bob",
+                created_ts=now - 600,
+                comment="load test",
+            )
+        )
+        db.add(
+            CollectorHeartbeat(
+                name="collectors",
+                pid=4242,
+                host="localhost",
+                started_ts=now - 9 * 86400,
+                last_beat_ts=now - heartbeat_age,
+                targets=6,
+                targets_up=4,
+                config_path=None,
+                info={},
+            )
+        )
         db.add(CollectorState(key=ROLLUP_WATERMARK_KEY, value=math.floor((now - 120) / 60) * 60))
         db.commit()
     return now

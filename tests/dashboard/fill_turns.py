@@ -30,11 +30,24 @@ def turn_rows(target_id: int, now: float, collapse_ago: float) -> list[dict[str,
             parked = collapsed and s < 4
             cached = 0 if first else (reusable if not collapsed else (0 if s < 6 else reusable // 4))
             rid += 1
-            rows.append({"target_id": target_id, "epoch": 0, "remote_id": rid, "ts": t, "session_id": f"agent-{s:03d}",
-                         "subtree_id": f"system-prompt-{s % 2}" if s in (4, 5) else None, "prompt_tokens": prompt,
-                         "cached_tokens": cached, "completion_tokens": COMPLETION, "held_s": 60.0 if parked else 0.0,
-                         "parked_s": 60.0 if parked else 0.0, "latency_s": 1.5 if collapsed else 0.4,
-                         "outcome": "ok", "model": "agent-8b"})
+            rows.append(
+                {
+                    "target_id": target_id,
+                    "epoch": 0,
+                    "remote_id": rid,
+                    "ts": t,
+                    "session_id": f"agent-{s:03d}",
+                    "subtree_id": f"system-prompt-{s % 2}" if s in (4, 5) else None,
+                    "prompt_tokens": prompt,
+                    "cached_tokens": cached,
+                    "completion_tokens": COMPLETION,
+                    "held_s": 60.0 if parked else 0.0,
+                    "parked_s": 60.0 if parked else 0.0,
+                    "latency_s": 1.5 if collapsed else 0.4,
+                    "outcome": "ok",
+                    "model": "agent-8b",
+                }
+            )
             context = prompt + COMPLETION
             first = False
             t += PERIOD_S

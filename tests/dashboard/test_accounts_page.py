@@ -56,10 +56,16 @@ def test_an_admin_adds_changes_and_removes_accounts(db_url: str) -> None:
     assert "last admin" in texts(at) and _names(db_url)["ada"] == "admin"
 
     with make_engine(db_url).connect() as conn:
-        rows = conn.execute(select(SecurityEvent.event, SecurityEvent.account, SecurityEvent.actor)
-                            .where(SecurityEvent.method == "dashboard").order_by(SecurityEvent.id)).all()
-    assert [tuple(r) for r in rows] == [("account.add", "oscar", "ada"), ("account.role", "oscar", "ada"),
-                                        ("account.remove", "oscar", "ada")]
+        rows = conn.execute(
+            select(SecurityEvent.event, SecurityEvent.account, SecurityEvent.actor)
+            .where(SecurityEvent.method == "dashboard")
+            .order_by(SecurityEvent.id)
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("account.add", "oscar", "ada"),
+        ("account.role", "oscar", "ada"),
+        ("account.remove", "oscar", "ada"),
+    ]
 
 
 def test_the_accounts_page_is_listed_for_admins_only(db_url: str) -> None:
@@ -71,7 +77,9 @@ def test_the_accounts_page_is_listed_for_admins_only(db_url: str) -> None:
         at.switch_page("pages/accounts.py")
 
 
-def test_a_viewer_can_neither_silence_nor_expire_and_an_operator_silences_as_their_account(db_url: str) -> None:
+def test_a_viewer_can_neither_silence_nor_expire_and_an_operator_silences_as_their_account(
+    db_url: str,
+) -> None:
     at = sign_in(app(), name="vera")
     at.switch_page("pages/alerts.py").run()
     card_buttons = [b for b in at.button if b.key and b.key.startswith(("silence_", "ack_", "expire_"))]
@@ -85,5 +93,7 @@ def test_a_viewer_can_neither_silence_nor_expire_and_an_operator_silences_as_the
 
     with make_engine(db_url).connect() as conn:
         made = conn.execute(select(Silence.created_by).order_by(Silence.id.desc())).scalars().first()
-        audit = conn.execute(select(AuditEntry.actor, AuditEntry.action).order_by(AuditEntry.id.desc())).first()
+        audit = conn.execute(
+            select(AuditEntry.actor, AuditEntry.action).order_by(AuditEntry.id.desc())
+        ).first()
     assert made == "alice" and tuple(audit) == ("alice", "alert.silence")

@@ -43,14 +43,21 @@ class Recorder:
 
 def dashboard_audit(db_url: str) -> list[AuditEntry]:
     with make_engine(db_url).connect() as conn:
-        return list(conn.execute(select(AuditEntry).where(AuditEntry.source == "dashboard")
-                                 .order_by(AuditEntry.id)).all())
+        return list(
+            conn.execute(
+                select(AuditEntry).where(AuditEntry.source == "dashboard").order_by(AuditEntry.id)
+            ).all()
+        )
 
 
 # ------------------------------------------------------------------------- sign-in and roles
 def test_signed_out_every_control_is_disabled_with_the_reason(db_url: str) -> None:
-    for page, keys in (("sessions", ["park_selected", "unpark_selected"]), ("budgeter", ["budgeter_apply"]),
-                       ("compaction", ["defer_compaction", "allow_compaction"]), ("alerts", ["silence_add"])):
+    for page, keys in (
+        ("sessions", ["park_selected", "unpark_selected"]),
+        ("budgeter", ["budgeter_apply"]),
+        ("compaction", ["defer_compaction", "allow_compaction"]),
+        ("alerts", ["silence_add"]),
+    ):
         at = app(page, engine="a")
         for key in keys:
             assert at.button(key=key).disabled, (page, key)
@@ -78,7 +85,12 @@ def test_wrong_password_is_refused_and_goes_to_the_security_log_not_the_audit(db
     assert "Wrong account name or password" in texts(at)
     assert "session_token" not in at.session_state
     row = security_log(db_url)[-1]
-    assert (row.event, row.account, row.outcome, row.method) == ("sign-in", "alice", "wrong password", "password")
+    assert (row.event, row.account, row.outcome, row.method) == (
+        "sign-in",
+        "alice",
+        "wrong password",
+        "password",
+    )
     assert "guess" not in json.dumps([[r.detail, r.outcome] for r in security_log(db_url)])
     at = sign_in(app(), name="nobody")
     assert "Wrong account name or password" in texts(at)  # the same words: no hint that the name is unknown
@@ -128,8 +140,13 @@ def test_name_with_header_breaking_characters_is_refused(db_url: str) -> None:
 def test_pending_action_cannot_be_confirmed_when_signed_out(db_url: str) -> None:
     recorder = Recorder().install()
     at = app()
-    at.session_state[PENDING_KEY] = Action(kind="park", effect="Park 1 session(s) on engine a", engine="a",
-                                           sidecar_url="http://127.0.0.1:18100", session_ids=("agent-010",))
+    at.session_state[PENDING_KEY] = Action(
+        kind="park",
+        effect="Park 1 session(s) on engine a",
+        engine="a",
+        sidecar_url="http://127.0.0.1:18100",
+        session_ids=("agent-010",),
+    )
     at.run()
     assert at.button(key="confirm_action").disabled
     assert "not signed in as an operator" in texts(at)
@@ -150,8 +167,10 @@ def test_park_two_sessions_confirms_the_effect_then_sends_as_the_person(db_url: 
     assert recorder.requests == []  # nothing sent before confirmation
     assert "Park 2 session\\(s\\) on engine a" in texts(at)
     at.button(key="confirm_action").click().run()
-    assert [r.url.path for r in recorder.requests] == ["/control/sessions/agent-010/park",
-                                                      "/control/sessions/agent-011/park"]
+    assert [r.url.path for r in recorder.requests] == [
+        "/control/sessions/agent-010/park",
+        "/control/sessions/agent-011/park",
+    ]
     assert all(r.headers["authorization"] == "Bearer test-operator-token" for r in recorder.requests)
     assert all(r.headers["x-actor"] == "alice" for r in recorder.requests)
     assert str(recorder.requests[0].url).startswith("http://127.0.0.1:18100/")
@@ -205,11 +224,22 @@ def test_sidecar_down_gives_a_clear_message_and_an_audit_row(db_url: str) -> Non
     assert (row.actor, row.action) == ("alice", "park") and "not reachable" in row.outcome
 
 
-@pytest.mark.parametrize(("status", "body", "expected"), [
-    (401, {"error": {"type": "unauthorized", "message": "operator token not accepted"}}, "rejected the dashboard"),
-    (404, {"error": {"type": "unknown_session", "message": "unknown session 'agent-010'"}}, "unknown session"),
-    (503, {"error": {"message": "overloaded"}}, "HTTP 503"),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (
+            401,
+            {"error": {"type": "unauthorized", "message": "operator token not accepted"}},
+            "rejected the dashboard",
+        ),
+        (
+            404,
+            {"error": {"type": "unknown_session", "message": "unknown session 'agent-010'"}},
+            "unknown session",
+        ),
+        (503, {"error": {"message": "overloaded"}}, "HTTP 503"),
+    ],
+)
 def test_sidecar_errors_are_shown_and_audited(db_url: str, status: int, body: dict, expected: str) -> None:
     Recorder(lambda r: httpx.Response(status, json=body)).install()
     at = _park(sign_in(app(engine="a")), ["agent-010"])
@@ -241,8 +271,9 @@ def test_no_operator_token_sends_nothing(db_url: str, monkeypatch: pytest.Monkey
     assert "No operator token is configured" in texts(at)
 
 
-def test_token_comes_from_the_collectors_config_per_sidecar(db_url: str, tmp_path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_token_comes_from_the_collectors_config_per_sidecar(
+    db_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "prefixops.toml"
     config.write_text('[[sidecars]]\nurl = "http://127.0.0.1:18100"\noperator_token = "per-sidecar-token"\n')
     monkeypatch.setenv("PREFIXOPS_CONFIG", str(config))
@@ -288,9 +319,18 @@ def test_budgeter_preview_and_apply(db_url: str) -> None:
 
 
 def test_budgeter_refusal_names_the_field(db_url: str) -> None:
-    Recorder(lambda r: httpx.Response(422, json={"error": {"type": "invalid_value", "message":
-                                                           "high band must be above 0 and at most 1, got 2",
-                                                           "field": "high"}})).install()
+    Recorder(
+        lambda r: httpx.Response(
+            422,
+            json={
+                "error": {
+                    "type": "invalid_value",
+                    "message": "high band must be above 0 and at most 1, got 2",
+                    "field": "high",
+                }
+            },
+        )
+    ).install()
     at = sign_in(app(engine="a"))
     at.switch_page("pages/budgeter.py").run()
     at.selectbox(key="budgeter_mode").set_value("admission-only").run()
@@ -349,14 +389,21 @@ def test_silence_a_rule_on_an_engine(db_url: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ OIDC
-AUTH_SECRETS = {"auth": {"redirect_uri": "http://127.0.0.1:8501/oauth2callback", "cookie_secret": "x" * 32,
-                         "client_id": "prefixops", "client_secret": "s",
-                         "server_metadata_url": "https://idp.invalid/.well-known/openid-configuration"}}
+AUTH_SECRETS = {
+    "auth": {
+        "redirect_uri": "http://127.0.0.1:8501/oauth2callback",
+        "cookie_secret": "x" * 32,
+        "client_id": "prefixops",
+        "client_secret": "s",
+        "server_metadata_url": "https://idp.invalid/.well-known/openid-configuration",
+    }
+}
 
 
 @pytest.mark.parametrize(("email", "allowed"), [("ops@example.com", True), ("visitor@example.com", False)])
-def test_oidc_sign_in_acts_only_for_the_allow_list(db_url: str, monkeypatch: pytest.MonkeyPatch, email: str,
-                                                   allowed: bool) -> None:
+def test_oidc_sign_in_acts_only_for_the_allow_list(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, email: str, allowed: bool
+) -> None:
     from streamlit.testing.v1 import AppTest
 
     from tests.dashboard.conftest import APP

@@ -24,18 +24,23 @@ def test_accounts_lifecycle_from_the_command_line(tmp_path, capsys) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"  # no database yet: the CLI migrates it first
     assert run(url, "list") == (0, "no accounts\n")
     assert run(url, "add", "Ada", "--role", "admin", stdin=PASSWORD + "\n") == (0, "added ada (admin)\n")
-    assert run(url, "add", "bob", "--role", "operator", stdin=PASSWORD + "\n") == (0, "added bob (operator)\n")
+    assert run(url, "add", "bob", "--role", "operator", stdin=PASSWORD + "\n") == (
+        0,
+        "added bob (operator)\n",
+    )
     code, out = run(url, "list", "--json")
-    assert code == 0 and [(a["name"], a["role"], a["created_by"].endswith("(shell)")) for a in json.loads(out)] == [
-        ("ada", "admin", True), ("bob", "operator", True)]
+    assert code == 0 and [
+        (a["name"], a["role"], a["created_by"].endswith("(shell)")) for a in json.loads(out)
+    ] == [("ada", "admin", True), ("bob", "operator", True)]
     assert run(url, "role", "bob", "--role", "viewer") == (0, "bob is now viewer\n")
     engine = make_engine(url)
     assert accounts.sign_in(engine, "bob", PASSWORD).identity == accounts.Identity("bob", "viewer")
     assert run(url, "password", "bob", stdin="another long password\n")[0] == 0
     assert accounts.sign_in(engine, "bob", PASSWORD).identity is None
     assert run(url, "remove", "bob") == (0, "removed bob\n")
-    assert [e["event"] for e in reversed(accounts.security_events(engine, since=0)) if e["method"] == "cli"] == [
-        "account.add", "account.add", "account.role", "account.password", "account.remove"]
+    assert [
+        e["event"] for e in reversed(accounts.security_events(engine, since=0)) if e["method"] == "cli"
+    ] == ["account.add", "account.add", "account.role", "account.password", "account.remove"]
     capsys.readouterr()
 
 
@@ -53,10 +58,21 @@ def test_refusals_exit_1_and_say_why(tmp_path, capsys) -> None:
 
 def test_the_real_command_reads_the_password_from_a_pipe(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    done = subprocess.run([PYTHON, "-m", "dashboard", "--database-url", url, "accounts", "add", "ops", "--role",
-                           "operator"], input=PASSWORD + "\n", capture_output=True, text=True, cwd=REPO, timeout=120)
+    done = subprocess.run(
+        [PYTHON, "-m", "dashboard", "--database-url", url, "accounts", "add", "ops", "--role", "operator"],
+        input=PASSWORD + "\n",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert (done.returncode, done.stdout) == (0, "added ops (operator)\n"), done.stderr
     assert PASSWORD not in done.stdout + done.stderr
-    bad = subprocess.run([PYTHON, "-m", "dashboard", "accounts", "add", "x", "--role", "root"], capture_output=True,
-                         text=True, cwd=REPO, timeout=120)
+    bad = subprocess.run(
+        [PYTHON, "-m", "dashboard", "accounts", "add", "x", "--role", "root"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "invalid choice: 'root'" in bad.stderr

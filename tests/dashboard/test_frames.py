@@ -42,10 +42,13 @@ def test_engines_pair_each_engine_with_its_sidecar_in_natural_order(conn: Connec
     assert a.sidecar_name == "a-sidecar" and a.kind == "vllm" and len(a.target_ids) == 2
 
 
-@pytest.mark.parametrize(("names", "expected"), [
-    (["engine-10", "engine-2", "engine-1"], ["engine-1", "engine-2", "engine-10"]),
-    (["b", "A", "a2", "a10"], ["A", "a2", "a10", "b"]),
-])
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["engine-10", "engine-2", "engine-1"], ["engine-1", "engine-2", "engine-10"]),
+        (["b", "A", "a2", "a10"], ["A", "a2", "a10", "b"]),
+    ],
+)
 def test_natural_key(names: list[str], expected: list[str]) -> None:
     assert sorted(names, key=q.natural_key) == expected
 
@@ -55,7 +58,12 @@ def test_target_health_and_heartbeat(conn: Connection, fill_now: float) -> None:
     health = q.target_health(conn)
     h = health[c.engine_target_id]
     assert (h.role, h.name, h.up, h.last_success_ts, h.consecutive_failures) == (
-        "engine", "c", False, fill_now - DOWN_AGO, DOWN_AGO)
+        "engine",
+        "c",
+        False,
+        fill_now - DOWN_AGO,
+        DOWN_AGO,
+    )
     assert health[refs(conn)["a"].sidecar_target_id].up
     (beat,) = q.heartbeats(conn)
     assert (beat["name"], beat["targets"], beat["targets_up"]) == ("collectors", 6, 4)
@@ -80,7 +88,9 @@ def test_series_frame_reads_raw_points_of_a_short_window(conn: Connection, fill_
     assert q.series_frame(conn, (), ("token_weighted",), 0, 1).empty
 
 
-def test_sessions_frame_carries_parked_since_and_leaves_gone_sessions_out(conn: Connection, fill_now: float) -> None:
+def test_sessions_frame_carries_parked_since_and_leaves_gone_sessions_out(
+    conn: Connection, fill_now: float
+) -> None:
     a = refs(conn)["a"]
     frame = q.sessions_frame(conn, (a.sidecar_target_id,))
     assert len(frame) == 30 and NASTY_SESSION in set(frame["session_id"])
@@ -93,17 +103,31 @@ def test_sessions_frame_carries_parked_since_and_leaves_gone_sessions_out(conn: 
 def test_subtrees_decisions_audit_and_events(conn: Connection, fill_now: float) -> None:
     a = refs(conn)["a"]
     subtrees = q.subtrees_frame(conn, (a.sidecar_target_id,))
-    assert list(subtrees["subtree_id"]) == ["system-prompt-0", "system-prompt-1", "system-prompt-3",
-                                            "system-prompt-2"]  # most recently hit first
-    decisions = q.decisions_frame(conn, (a.sidecar_target_id,), fill_now - COLLAPSE_AGO, fill_now - COLLAPSE_AGO + 240)
-    assert list(decisions["ts"]) == [fill_now - COLLAPSE_AGO + 240, fill_now - COLLAPSE_AGO + 120,
-                                     fill_now - COLLAPSE_AGO]
+    assert list(subtrees["subtree_id"]) == [
+        "system-prompt-0",
+        "system-prompt-1",
+        "system-prompt-3",
+        "system-prompt-2",
+    ]  # most recently hit first
+    decisions = q.decisions_frame(
+        conn, (a.sidecar_target_id,), fill_now - COLLAPSE_AGO, fill_now - COLLAPSE_AGO + 240
+    )
+    assert list(decisions["ts"]) == [
+        fill_now - COLLAPSE_AGO + 240,
+        fill_now - COLLAPSE_AGO + 120,
+        fill_now - COLLAPSE_AGO,
+    ]
     audit = q.audit_frame(conn, fill_now - 3600, fill_now)
     assert list(audit["action"]) == ["compaction.defer", "park", "sign-in"]
-    assert audit.iloc[0]["target"] == "a-sidecar" and audit.iloc[0]["after"] == {"deferred_until": fill_now + 900}
+    assert audit.iloc[0]["target"] == "a-sidecar" and audit.iloc[0]["after"] == {
+        "deferred_until": fill_now + 900
+    }
     events = q.events_frame(conn, a, fill_now - 3600, fill_now)
-    assert list(events["kind"].value_counts().sort_index().items()) == [("action", 2), ("alert", 2),
-                                                                         ("compaction", 12)]
+    assert list(events["kind"].value_counts().sort_index().items()) == [
+        ("action", 2),
+        ("alert", 2),
+        ("compaction", 12),
+    ]
 
 
 def test_alerts_and_silences(conn: Connection, engine: Engine, fill_now: float) -> None:
@@ -121,14 +145,17 @@ def test_alerts_and_silences(conn: Connection, engine: Engine, fill_now: float) 
     assert q.silences_frame(conn, fill_now).empty
 
 
-@pytest.mark.parametrize(("params", "shared", "expected"), [
-    ({}, {}, (1000.0 - 3600, 1000.0, "1h", None, True)),
-    ({}, {"range": "6h"}, (1000.0 - 6 * 3600, 1000.0, "6h", None, True)),  # the last page's choice
-    ({"range": "15m", "to": "900"}, {}, (0.0, 900.0, "15m", None, False)),  # paused
-    ({"range": "custom", "from": "100", "to": "200"}, {}, (100.0, 200.0, "custom", None, False)),
-    ({"range": "15m", "at": "500"}, {}, (50.0, 950.0, "15m", 500.0, False)),  # centred on the moment
-    ({"range": "bogus"}, {}, (1000.0 - 3600, 1000.0, "1h", None, True)),
-])
+@pytest.mark.parametrize(
+    ("params", "shared", "expected"),
+    [
+        ({}, {}, (1000.0 - 3600, 1000.0, "1h", None, True)),
+        ({}, {"range": "6h"}, (1000.0 - 6 * 3600, 1000.0, "6h", None, True)),  # the last page's choice
+        ({"range": "15m", "to": "900"}, {}, (0.0, 900.0, "15m", None, False)),  # paused
+        ({"range": "custom", "from": "100", "to": "200"}, {}, (100.0, 200.0, "custom", None, False)),
+        ({"range": "15m", "at": "500"}, {}, (50.0, 950.0, "15m", 500.0, False)),  # centred on the moment
+        ({"range": "bogus"}, {}, (1000.0 - 3600, 1000.0, "1h", None, True)),
+    ],
+)
 def test_time_window_from_the_url_and_the_session(params: dict, shared: dict, expected: tuple) -> None:
     from dashboard.timerange import resolve
 

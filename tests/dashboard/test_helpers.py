@@ -28,27 +28,51 @@ def test_escape_md_leaves_no_markdown_syntax_active(text: str) -> None:
         i += 1
 
 
-REF = EngineRef(key="a", engine_target_id=1, sidecar_target_id=2, engine_url="e", sidecar_url="s", kind="vllm")
+REF = EngineRef(
+    key="a", engine_target_id=1, sidecar_target_id=2, engine_url="e", sidecar_url="s", kind="vllm"
+)
 
 
 def health(up: bool = True, age: float = 1.0, now: float = 1000.0) -> dict[int, TargetHealth]:
-    return {t: TargetHealth(t, "engine" if t == 1 else "sidecar", f"t{t}", f"u{t}", up if t == 1 else True,
-                            now - 1, now - age, None if up else "ConnectError", 0) for t in (1, 2)}
+    return {
+        t: TargetHealth(
+            t,
+            "engine" if t == 1 else "sidecar",
+            f"t{t}",
+            f"u{t}",
+            up if t == 1 else True,
+            now - 1,
+            now - age,
+            None if up else "ConnectError",
+            0,
+        )
+        for t in (1, 2)
+    }
 
 
-@pytest.mark.parametrize(("kwargs", "expected"), [
-    ({"health": health(up=False), "rules": {"collapse"}, "regime": "thin-reuse"}, "down"),
-    ({"health": health(age=100), "rules": {"collapse"}}, "stale"),
-    ({"health": health(), "rules": {"collapse"}, "regime": "thin-reuse"}, "collapsed"),
-    ({"health": health(), "rules": {"thin-reuse"}, "regime": "thin-reuse"}, "thin-reuse"),
-    ({"health": health(), "rules": {"thin-reuse"}}, "thin-reuse"),
-    ({"health": health()}, "healthy"),
-    ({"health": health(up=False), "collectors_ok": False}, "stale"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"health": health(up=False), "rules": {"collapse"}, "regime": "thin-reuse"}, "down"),
+        ({"health": health(age=100), "rules": {"collapse"}}, "stale"),
+        ({"health": health(), "rules": {"collapse"}, "regime": "thin-reuse"}, "collapsed"),
+        ({"health": health(), "rules": {"thin-reuse"}, "regime": "thin-reuse"}, "thin-reuse"),
+        ({"health": health(), "rules": {"thin-reuse"}}, "thin-reuse"),
+        ({"health": health()}, "healthy"),
+        ({"health": health(up=False), "collectors_ok": False}, "stale"),
+    ],
+)
 def test_state_precedence(kwargs: dict, expected: str) -> None:
-    status = engine_status(REF, kwargs["health"], now=1000.0, stale_after=10.0,
-                           collectors_ok=kwargs.get("collectors_ok", True), collectors_age=300.0,
-                           firing_rules=kwargs.get("rules", set()), regime=kwargs.get("regime"))
+    status = engine_status(
+        REF,
+        kwargs["health"],
+        now=1000.0,
+        stale_after=10.0,
+        collectors_ok=kwargs.get("collectors_ok", True),
+        collectors_age=300.0,
+        firing_rules=kwargs.get("rules", set()),
+        regime=kwargs.get("regime"),
+    )
     assert status.state == expected
     assert status.reason
 
@@ -62,12 +86,19 @@ def test_settings_reject_bad_values_with_the_variable_name() -> None:
 
 
 def test_combine_ranks_sums_rates_and_recomputes_the_hit_ratio() -> None:
-    frame = pd.DataFrame([
-        (1.0, 1, "0", "prefix_cache_hits_per_s", 90.0), (1.0, 1, "0", "prefix_cache_queries_per_s", 100.0),
-        (1.0, 1, "1", "prefix_cache_hits_per_s", 0.0), (1.0, 1, "1", "prefix_cache_queries_per_s", 900.0),
-        (1.0, 1, "0", "engine_hit_ratio", 0.9), (1.0, 1, "1", "engine_hit_ratio", 0.0),
-        (1.0, 1, "0", "kv_usage", 0.2), (1.0, 1, "1", "kv_usage", 0.4),
-    ], columns=["ts", "target_id", "engine_label", "signal", "value"])
+    frame = pd.DataFrame(
+        [
+            (1.0, 1, "0", "prefix_cache_hits_per_s", 90.0),
+            (1.0, 1, "0", "prefix_cache_queries_per_s", 100.0),
+            (1.0, 1, "1", "prefix_cache_hits_per_s", 0.0),
+            (1.0, 1, "1", "prefix_cache_queries_per_s", 900.0),
+            (1.0, 1, "0", "engine_hit_ratio", 0.9),
+            (1.0, 1, "1", "engine_hit_ratio", 0.0),
+            (1.0, 1, "0", "kv_usage", 0.2),
+            (1.0, 1, "1", "kv_usage", 0.4),
+        ],
+        columns=["ts", "target_id", "engine_label", "signal", "value"],
+    )
     out = combine_ranks(frame).set_index("signal")["value"]
     assert out["engine_hit_ratio"] == pytest.approx(0.09)  # 90 / 1000, not the mean 0.45
     assert out["prefix_cache_queries_per_s"] == 1000.0
@@ -75,12 +106,35 @@ def test_combine_ranks_sums_rates_and_recomputes_the_hit_ratio() -> None:
 
 
 def test_preview_adapter_uses_core_budgeter() -> None:
-    sessions = pd.DataFrame([
-        {"session_id": f"s{i}", "state": "admitted", "context_tokens": 30_000, "turns": 3, "manual": False,
-         "pinned": i == 0, "first_seen_ts": float(i), "last_seen_ts": 100.0,
-         "data": {"admitted_at": float(i), "output_budget": 1000}} for i in range(4)
-    ] + [{"session_id": "w", "state": "waiting", "context_tokens": 5000, "turns": 0, "manual": False,
-          "pinned": False, "first_seen_ts": 50.0, "last_seen_ts": 100.0, "data": {"output_budget": 1000}}])
+    sessions = pd.DataFrame(
+        [
+            {
+                "session_id": f"s{i}",
+                "state": "admitted",
+                "context_tokens": 30_000,
+                "turns": 3,
+                "manual": False,
+                "pinned": i == 0,
+                "first_seen_ts": float(i),
+                "last_seen_ts": 100.0,
+                "data": {"admitted_at": float(i), "output_budget": 1000},
+            }
+            for i in range(4)
+        ]
+        + [
+            {
+                "session_id": "w",
+                "state": "waiting",
+                "context_tokens": 5000,
+                "turns": 0,
+                "manual": False,
+                "pinned": False,
+                "first_seen_ts": 50.0,
+                "last_seen_ts": 100.0,
+                "data": {"output_budget": 1000},
+            }
+        ]
+    )
     state = {"mode": "budgeter-park", "low": 0.75, "high": 0.95, "pool_tokens": 100_000}
     result = pv.preview(state, sessions, BudgeterConfig(low=0.5, high=0.6), now=200.0)
     assert result.would_park == ["s3", "s2", "s1"]  # newest first until under the band; s0 is pinned
@@ -98,7 +152,11 @@ def test_forecast_fit_file_is_used_only_for_the_engine_it_names(tmp_path) -> Non
     path.write_text(json.dumps({"engine": "http://e:8000/", "set": {"prefill_per_token_s": "1e-5"}}))
     assert fit_of(str(path), "http://e:8000") == ({"prefill_per_token_s": "1e-5"}, f"fit file {path}")
     assert fit_of(str(path), "http://other:8000") == (
-        None, f"the fit file {path} is of http://e:8000/, not http://other:8000")
+        None,
+        f"the fit file {path} is of http://e:8000/, not http://other:8000",
+    )
     assert fit_of(None, "http://e:8000") == (None, "no fit file (PREFIXOPS_FIT unset)")
     path.write_text("{}")
-    assert fit_of(str(path), "http://e:8000")[1] == f"PREFIXOPS_FIT={path} is not a `simulator fit` file ('set')"
+    assert (
+        fit_of(str(path), "http://e:8000")[1] == f"PREFIXOPS_FIT={path} is not a `simulator fit` file ('set')"
+    )

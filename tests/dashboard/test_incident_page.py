@@ -10,11 +10,29 @@ from tests.dashboard.apptest import app, figures, texts, traces
 from tests.dashboard.fill import COLLAPSE_AGO
 
 
-def test_export_then_open_the_bundle_on_the_incident_page(db_url: str, fill_now: float, tmp_path: Path) -> None:
+def test_export_then_open_the_bundle_on_the_incident_page(
+    db_url: str, fill_now: float, tmp_path: Path
+) -> None:
     out = tmp_path / "incident.json.gz"
     start, end = fill_now - COLLAPSE_AGO - 600, fill_now - COLLAPSE_AGO + 900
-    assert collectors_main(["export-incident", "--engine", "a", "--from", str(start), "--to", str(end),
-                            "--out", str(out), "--database-url", db_url]) == 0
+    assert (
+        collectors_main(
+            [
+                "export-incident",
+                "--engine",
+                "a",
+                "--from",
+                str(start),
+                "--to",
+                str(end),
+                "--out",
+                str(out),
+                "--database-url",
+                db_url,
+            ]
+        )
+        == 0
+    )
     at = app("incident", bundle=str(out))
     assert not at.exception, at.exception
     figs = figures(at)

@@ -31,7 +31,12 @@ def test_fleet_table_worst_first_with_cause_next_step_and_counts(db_url: str) ->
     assert table.loc["b", "engine running"] == 16  # two data-parallel ranks summed
     assert table.loc["a", "open"] == "engine?engine=a"
     counts = {m.label: m.value for m in at.metric}
-    assert (counts["DOWN"], counts["COLLAPSED"], counts["healthy"], counts["QUEUEING"]) == ("1", "1", "1", "0")
+    assert (counts["DOWN"], counts["COLLAPSED"], counts["healthy"], counts["QUEUEING"]) == (
+        "1",
+        "1",
+        "1",
+        "0",
+    )
     assert "Needs attention (2)" in texts(at)
 
 
@@ -39,8 +44,11 @@ def test_each_target_has_its_own_last_good_scrape(db_url: str, monkeypatch: pyte
     """A frozen engine behind a live sidecar: DOWN, and the engine's own age, not the sidecar's."""
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(update(Target).where(Target.name == "b").values(up=False, last_success_ts=time.time() - 300,
-                                                                     last_error="ReadTimeout"))
+        conn.execute(
+            update(Target)
+            .where(Target.name == "b")
+            .values(up=False, last_success_ts=time.time() - 300, last_error="ReadTimeout")
+        )
     table = table_of(app())
     assert table.loc["b", "state"] == "DOWN"
     assert "engine b not answering: ReadTimeout (its last good scrape 5 min ago)" in table.loc["b", "why"]
@@ -54,12 +62,30 @@ def test_sessions_waiting_at_the_sidecar_make_the_engine_queueing(db_url: str) -
     with engine.begin() as conn:
         b_side = conn.execute(Target.__table__.select().where(Target.name == "b-sidecar")).first()
         row = conn.execute(SidecarState.__table__.select().where(SidecarState.target_id == b_side.id)).first()
-        state = dict(row.state, backlog={"admitted": 5, "parked": 0, "waiting": 12, "oldest_waiting_s": 80.0,
-                                         "oldest_parked_s": None})
+        state = dict(
+            row.state,
+            backlog={
+                "admitted": 5,
+                "parked": 0,
+                "waiting": 12,
+                "oldest_waiting_s": 80.0,
+                "oldest_parked_s": None,
+            },
+        )
         conn.execute(update(SidecarState).where(SidecarState.target_id == b_side.id).values(state=state))
-        conn.execute(insert(Alert).values(rule="admission-wait", target_id=b_side.id, engine_label="",
-                                          severity="warning", state="firing", started_ts=now - 20,
-                                          last_eval_ts=now, summary="queue", values={"oldest_waiting_s": 80.0}))
+        conn.execute(
+            insert(Alert).values(
+                rule="admission-wait",
+                target_id=b_side.id,
+                engine_label="",
+                severity="warning",
+                state="firing",
+                started_ts=now - 20,
+                last_eval_ts=now,
+                summary="queue",
+                values={"oldest_waiting_s": 80.0},
+            )
+        )
     at = app()
     table = table_of(at)
     assert table.loc["b", "state"] == "QUEUEING"
@@ -77,15 +103,30 @@ def test_badge_agrees_with_the_numbers_on_its_row(db_url: str) -> None:
         b_side = conn.execute(Target.__table__.select().where(Target.name == "b-sidecar")).first()
         row = conn.execute(SidecarState.__table__.select().where(SidecarState.target_id == b_side.id)).first()
         state = dict(row.state, reuse=dict(row.state["reuse"], divergence=0.15, regime="normal"))
-        conn.execute(update(SidecarState).where(SidecarState.target_id == b_side.id).values(state=state,
-                                                                                          regime="normal"))
-        conn.execute(insert(Alert).values(rule="thin-reuse", target_id=b_side.id, engine_label="",
-                                          severity="warning", state="firing", started_ts=now - 90,
-                                          last_eval_ts=now, summary="D", values={"divergence": 0.6}))
+        conn.execute(
+            update(SidecarState)
+            .where(SidecarState.target_id == b_side.id)
+            .values(state=state, regime="normal")
+        )
+        conn.execute(
+            insert(Alert).values(
+                rule="thin-reuse",
+                target_id=b_side.id,
+                engine_label="",
+                severity="warning",
+                state="firing",
+                started_ts=now - 90,
+                last_eval_ts=now,
+                summary="D",
+                values={"divergence": 0.6},
+            )
+        )
     table = table_of(app())
     assert table.loc["b", "D"] == pytest.approx(0.15)
     assert table.loc["b", "state"] == "healthy"
-    assert "alert thin-reuse still firing until D = 0.15 stays below its exit threshold" in table.loc["b", "why"]
+    assert (
+        "alert thin-reuse still firing until D = 0.15 stays below its exit threshold" in table.loc["b", "why"]
+    )
 
 
 def test_filter_by_name_or_label(db_url: str) -> None:
@@ -99,8 +140,13 @@ def test_filter_by_name_or_label(db_url: str) -> None:
 def test_fleet_charts_are_distributions_with_the_worst_on_top(db_url: str) -> None:
     at = app()
     figs = figures(at)
-    assert {"overview_hit_rates", "overview_divergence", "overview_demand", "overview_kv",
-            "overview_waiting"} <= set(figs)
+    assert {
+        "overview_hit_rates",
+        "overview_divergence",
+        "overview_demand",
+        "overview_kv",
+        "overview_waiting",
+    } <= set(figs)
     hit = traces(figs["overview_hit_rates"])
     assert {"median", "p10-p90 of engines", "a", "b"} <= set(hit)
     assert "c" not in hit  # c's engine is down: its frozen sidecar numbers are not "the worst now"
@@ -111,7 +157,9 @@ def test_fleet_charts_are_distributions_with_the_worst_on_top(db_url: str) -> No
     assert any(s.get("y0") == 0.5 and s.get("y1") == 0.5 for s in divergence["layout"]["shapes"])
 
 
-def test_dead_collectors_make_every_engine_stale_and_say_so(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dead_collectors_make_every_engine_stale_and_say_so(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PREFIXOPS_HEARTBEAT_STALE_SECONDS", "15")
     engine = make_engine(db_url)
     with engine.begin() as conn:
@@ -142,8 +190,9 @@ def test_missing_database_gives_a_clear_message(tmp_path, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("page", [None, "engine", "sessions", "budgeter", "compaction", "alerts", "audit"])
-def test_database_without_schema_is_a_message_not_a_traceback(tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                                              page: str | None) -> None:
+def test_database_without_schema_is_a_message_not_a_traceback(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, page: str | None
+) -> None:
     import sqlite3
 
     sqlite3.connect(tmp_path / "empty.db").close()  # a file, but the collectors never created the tables

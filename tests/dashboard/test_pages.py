@@ -12,8 +12,9 @@ from tests.dashboard.apptest import app, figures, texts, traces
 from tests.dashboard.fill import NASTY_SESSION
 
 
-@pytest.mark.parametrize("page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit",
-                                  "incident"])
+@pytest.mark.parametrize(
+    "page", ["overview", "engine", "sessions", "budgeter", "compaction", "alerts", "audit", "incident"]
+)
 def test_every_page_renders_signed_out_without_error(db_url: str, page: str) -> None:
     at = app(page)
     assert not at.exception
@@ -152,7 +153,6 @@ def test_audit_page_filters_and_exports_csv(db_url: str) -> None:
 def test_audit_csv_cannot_inject_formulas() -> None:
     data = csv_safe(pd.DataFrame({"session": ["=HYPERLINK(1)", "ok", "-1+2"]}))
     assert pd.read_csv(io.BytesIO(data))["session"].tolist() == ["'=HYPERLINK(1)", "ok", "'-1+2"]
-
 
 
 def test_engine_page_shows_missed_tokens_by_cause_and_sessions_page_the_worst_sessions(db_url: str) -> None:

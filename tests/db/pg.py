@@ -47,8 +47,10 @@ def postgres_server() -> Iterator[str]:
         return
     bin_dir = _bin_dir()
     if bin_dir is None:
-        _unavailable("PostgreSQL binaries (initdb, pg_ctl) not found; install the Debian package "
-                     "`postgresql` or set PREFIXOPS_TEST_POSTGRES_URL")
+        _unavailable(
+            "PostgreSQL binaries (initdb, pg_ctl) not found; install the Debian package "
+            "`postgresql` or set PREFIXOPS_TEST_POSTGRES_URL"
+        )
     as_root = os.geteuid() == 0
     prefix: list[str] = []
     owner = None
@@ -67,20 +69,57 @@ def postgres_server() -> Iterator[str]:
     port = free_port()
     log = base / "server.log"
     try:
-        subprocess.run(prefix + [str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-                                 "--no-sync", "-E", "UTF8"], check=True, capture_output=True, timeout=120)
-        opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off " \
-               "-c full_page_writes=off -c max_connections=200"
-        started = subprocess.run(prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-o", opts, "-l", str(log),
-                                           "-w", "-t", "60", "start"], capture_output=True, timeout=90)
+        subprocess.run(
+            prefix
+            + [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        opts = (
+            f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
+            "-c full_page_writes=off -c max_connections=200"
+        )
+        started = subprocess.run(
+            prefix
+            + [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(log),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            capture_output=True,
+            timeout=90,
+        )
         if started.returncode != 0:
             detail = log.read_text(errors="replace")[-2000:] if log.exists() else started.stderr.decode()
             raise RuntimeError(f"pg_ctl start failed: {detail}")
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:
         if (data / "postmaster.pid").exists():
-            subprocess.run(prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                           capture_output=True, timeout=60)
+            subprocess.run(
+                prefix + [str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                timeout=60,
+            )
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -31,8 +31,10 @@ T0 = 1_800_000_000.0  # a minute boundary
 
 
 def config() -> CollectorConfig:
-    return CollectorConfig(engines=(EngineTarget(ENGINE_URL, name="e0", labels={"cluster": "eu"}),),
-                           sidecars=(SidecarTarget(SIDECAR_URL, engine=ENGINE_URL),))
+    return CollectorConfig(
+        engines=(EngineTarget(ENGINE_URL, name="e0", labels={"cluster": "eu"}),),
+        sidecars=(SidecarTarget(SIDECAR_URL, engine=ENGINE_URL),),
+    )
 
 
 @pytest.fixture
@@ -46,9 +48,17 @@ def store(db_url):
 
 
 def engine_outcome(ts: float, value: float, ok: bool = True) -> ScrapeOutcome:
-    return ScrapeOutcome(ENGINE_URL, "engine", ts, ok, 0.01, error=None if ok else "connection refused",
-                         kind="vllm", samples=[("0", sig.KV_USAGE, value), ("0", sig.REQUESTS_RUNNING, 3.0),
-                                               ("", sig.UP, 1.0)], engine_labels=("0",))
+    return ScrapeOutcome(
+        ENGINE_URL,
+        "engine",
+        ts,
+        ok,
+        0.01,
+        error=None if ok else "connection refused",
+        kind="vllm",
+        samples=[("0", sig.KV_USAGE, value), ("0", sig.REQUESTS_RUNNING, 3.0), ("", sig.UP, 1.0)],
+        engine_labels=("0",),
+    )
 
 
 def test_migrations_create_the_models_schema(db_url):
@@ -69,9 +79,20 @@ def test_upgrade_of_a_database_made_without_migrations_keeps_its_history(db_url)
     engine = make_engine(db_url)
     Base.metadata.create_all(engine)  # an early database: tables, no alembic_version
     with engine.begin() as conn:
-        conn.execute(Target.__table__.insert().values(url="http://old:1", role="engine", kind="vllm",
-                                                      configured_kind="auto", labels={}, configured=True,
-                                                      interval_s=1.0, up=True, consecutive_failures=0, created_ts=1.0))
+        conn.execute(
+            Target.__table__.insert().values(
+                url="http://old:1",
+                role="engine",
+                kind="vllm",
+                configured_kind="auto",
+                labels={},
+                configured=True,
+                interval_s=1.0,
+                up=True,
+                consecutive_failures=0,
+                created_ts=1.0,
+            )
+        )
     upgrade(engine)
     assert current_revision(engine) == head_revision()
     with engine.connect() as conn:
@@ -147,8 +168,11 @@ def test_rollups_and_resolution_choice(store):
     assert written == 10 * 3 + 1 * 3  # 3 series x 10 minutes, and their first 10-minute rollup
     with store.engine.connect() as conn:
         kv_series = conn.execute(select(Series.id).where(Series.signal == sig.KV_USAGE)).scalar()
-        rows = conn.execute(select(Rollup1m.ts, Rollup1m.min, Rollup1m.max, Rollup1m.last, Rollup1m.count,
-                                   Rollup1m.mean).where(Rollup1m.series_id == kv_series).order_by(Rollup1m.ts)).all()
+        rows = conn.execute(
+            select(Rollup1m.ts, Rollup1m.min, Rollup1m.max, Rollup1m.last, Rollup1m.count, Rollup1m.mean)
+            .where(Rollup1m.series_id == kv_series)
+            .order_by(Rollup1m.ts)
+        ).all()
         assert len(rows) == 10
         first = rows[0]
         assert (first.ts, first.min, first.max, first.last, first.count) == (T0, 0.0, 59.0, 59.0, 60)
@@ -161,7 +185,9 @@ def test_rollups_and_resolution_choice(store):
         assert raw["resolution"] == "raw" and len(raw["series"][0]["ts"]) == 600
         few = queries.series_range(conn, signals=[sig.KV_USAGE], start_ts=T0, end_ts=T0 + 599, max_points=100)
         assert few["resolution"] == "raw" and few["bucket_s"] == 6 and len(few["series"][0]["ts"]) <= 100
-        minute = queries.series_range(conn, signals=[sig.KV_USAGE], start_ts=T0, end_ts=T0 + 599, max_points=5)
+        minute = queries.series_range(
+            conn, signals=[sig.KV_USAGE], start_ts=T0, end_ts=T0 + 599, max_points=5
+        )
         assert minute["resolution"] == "1m" and minute["bucket_s"] == 120.0
         s = minute["series"][0]
         assert len(s["ts"]) == 5 and s["value"][0] == pytest.approx(29.5) and s["max"][0] == 59.0
@@ -179,10 +205,17 @@ def test_long_range_uses_rollups_plus_raw_tail(store):
     assert ts[-1] >= T0 + 180  # the tail after the watermark comes from raw samples
 
 
-@pytest.mark.parametrize(("span_s", "expected"), [
-    (600, ("raw", 0.0)), (3600, ("raw", 2.0)), (86400, ("1m", 60.0)), (2 * 86400, ("1m", 120.0)),
-    (7 * 86400, ("10m", 600.0)), (30 * 86400, ("10m", 1800.0)),
-])
+@pytest.mark.parametrize(
+    ("span_s", "expected"),
+    [
+        (600, ("raw", 0.0)),
+        (3600, ("raw", 2.0)),
+        (86400, ("1m", 60.0)),
+        (2 * 86400, ("1m", 120.0)),
+        (7 * 86400, ("10m", 600.0)),
+        (30 * 86400, ("10m", 1800.0)),
+    ],
+)
 def test_no_chart_exceeds_max_points(span_s, expected):
     resolution, bucket = queries.choose_resolution(0, span_s)
     assert (resolution, bucket) == expected
@@ -195,16 +228,27 @@ def test_ten_minute_rollups_and_week_view(store):
     store.rollup(now=T0 + 1800 + 20)
     with store.engine.connect() as conn:
         kv_series = conn.execute(select(Series.id).where(Series.signal == sig.KV_USAGE)).scalar()
-        rows = conn.execute(select(Rollup10m.ts, Rollup10m.min, Rollup10m.max, Rollup10m.mean, Rollup10m.last,
-                                   Rollup10m.count).where(Rollup10m.series_id == kv_series)
-                            .order_by(Rollup10m.ts)).all()
-        assert [tuple(r) for r in rows] == [(T0, 0.0, 9.0, 4.5, 9.0, 600), (T0 + 600, 10.0, 19.0, 14.5, 19.0, 600),
-                                            (T0 + 1200, 20.0, 29.0, 24.5, 29.0, 600)]
+        rows = conn.execute(
+            select(
+                Rollup10m.ts, Rollup10m.min, Rollup10m.max, Rollup10m.mean, Rollup10m.last, Rollup10m.count
+            )
+            .where(Rollup10m.series_id == kv_series)
+            .order_by(Rollup10m.ts)
+        ).all()
+        assert [tuple(r) for r in rows] == [
+            (T0, 0.0, 9.0, 4.5, 9.0, 600),
+            (T0 + 600, 10.0, 19.0, 14.5, 19.0, 600),
+            (T0 + 1200, 20.0, 29.0, 24.5, 29.0, 600),
+        ]
         assert queries.rollup_watermark(conn, queries.ROLLUP10_WATERMARK_KEY) == T0 + 1800
-        week = queries.series_range(conn, signals=[sig.KV_USAGE], start_ts=T0 + 1800 - 7 * 86400, end_ts=T0 + 1800)
+        week = queries.series_range(
+            conn, signals=[sig.KV_USAGE], start_ts=T0 + 1800 - 7 * 86400, end_ts=T0 + 1800
+        )
         assert week["resolution"] == "10m" and week["series"][0]["value"] == [4.5, 14.5, 24.5]
         # Forcing a finer tier still works (what a zoomed chart asks for).
-        minute = queries.series_range(conn, signals=[sig.KV_USAGE], start_ts=T0, end_ts=T0 + 1799, resolution="1m")
+        minute = queries.series_range(
+            conn, signals=[sig.KV_USAGE], start_ts=T0, end_ts=T0 + 1799, resolution="1m"
+        )
         assert minute["resolution"] == "1m" and len(minute["series"][0]["ts"]) == 30
 
 
@@ -222,27 +266,65 @@ def test_retention_drops_old_raw_only_after_rollup(store):
 
 
 def sidecar_outcome(ts: float, sessions, decisions=(), audit=()) -> ScrapeOutcome:
-    return ScrapeOutcome(SIDECAR_URL, "sidecar", ts, True, 0.01, kind="sidecar",
-                         samples=[("", sig.TOKEN_WEIGHTED, 0.5)], state={"reuse": {"regime": "normal"}, "warnings": []},
-                         sessions=list(sessions), subtrees=[], decisions=list(decisions), audit=list(audit))
+    return ScrapeOutcome(
+        SIDECAR_URL,
+        "sidecar",
+        ts,
+        True,
+        0.01,
+        kind="sidecar",
+        samples=[("", sig.TOKEN_WEIGHTED, 0.5)],
+        state={"reuse": {"regime": "normal"}, "warnings": []},
+        sessions=list(sessions),
+        subtrees=[],
+        decisions=list(decisions),
+        audit=list(audit),
+    )
 
 
 def session(sid: str, state: str = "admitted", ctx: int = 100) -> dict:
-    return {"session_id": sid, "state": state, "context_tokens": ctx, "turns": 1, "manual": False, "pinned": None,
-            "last_cached_fraction": 0.5, "present": state != "ended", "data": {"id": sid}}
+    return {
+        "session_id": sid,
+        "state": state,
+        "context_tokens": ctx,
+        "turns": 1,
+        "manual": False,
+        "pinned": None,
+        "last_cached_fraction": 0.5,
+        "present": state != "ended",
+        "data": {"id": sid},
+    }
 
 
 def test_sessions_upsert_and_incremental_entries_without_duplicates(store):
-    d1 = {"remote_id": 1, "ts": T0, "subtree_id": "a", "decision": "granted", "granted": True, "reason": "cold",
-          "divergence": None, "data": {}}
-    a1 = {"remote_id": 1, "ts": T0, "actor": "op", "action": "park", "params": {}, "outcome": "ok", "data": {}}
+    d1 = {
+        "remote_id": 1,
+        "ts": T0,
+        "subtree_id": "a",
+        "decision": "granted",
+        "granted": True,
+        "reason": "cold",
+        "divergence": None,
+        "data": {},
+    }
+    a1 = {
+        "remote_id": 1,
+        "ts": T0,
+        "actor": "op",
+        "action": "park",
+        "params": {},
+        "outcome": "ok",
+        "data": {},
+    }
     store.write([sidecar_outcome(T0, [session("s1"), session("s2")], [d1], [a1])])
     # The same entries again (a restarted collector re-reading) plus a new one: no duplicates.
     a2 = dict(a1, remote_id=2, action="unpark")
     store.write([sidecar_outcome(T0 + 1, [session("s1", "parked", 500)], [d1], [a1, a2])])
     with store.engine.connect() as conn:
         rows = {s["session_id"]: s for s in queries.sessions(conn, present_only=False)}
-        assert rows["s1"]["state"] == "parked" and rows["s1"]["context_tokens"] == 500 and rows["s1"]["present"]
+        assert (
+            rows["s1"]["state"] == "parked" and rows["s1"]["context_tokens"] == 500 and rows["s1"]["present"]
+        )
         assert not rows["s2"]["present"]
         assert [s["session_id"] for s in queries.sessions(conn)] == ["s1"]
         assert conn.execute(select(func.count()).select_from(CompactionDecision)).scalar() == 1
@@ -259,15 +341,24 @@ def test_a_session_deleted_by_retention_can_come_back(store):
     store.retention(3600.0, 86400.0, now=T0 + 10 * 86400.0)  # ended long ago: the row is deleted
     with store.engine.connect() as conn:
         assert queries.sessions(conn, present_only=False) == []
-    store.write([sidecar_outcome(T0 + 10 * 86400.0, [session("s1", "admitted", 700)])])  # the id is used again
+    store.write(
+        [sidecar_outcome(T0 + 10 * 86400.0, [session("s1", "admitted", 700)])]
+    )  # the id is used again
     with store.engine.connect() as conn:
         assert [(s["session_id"], s["context_tokens"]) for s in queries.sessions(conn)] == [("s1", 700)]
 
 
 def test_dashboard_writes(store):
     with store.engine.connect() as conn:
-        queries.record_dashboard_action(conn, actor="alice", action="park", target_url=SIDECAR_URL,
-                                        params={"session": "s1"}, outcome="ok", ts=T0)
+        queries.record_dashboard_action(
+            conn,
+            actor="alice",
+            action="park",
+            target_url=SIDECAR_URL,
+            params={"session": "s1"},
+            outcome="ok",
+            ts=T0,
+        )
         conn.commit()
         queries.add_silence(conn, rule="collapse", target_id=None, duration_s=600, by="alice", now=T0)
         conn.commit()
@@ -293,31 +384,92 @@ def test_rollup_rows_pure():
     rows = [(1, 0.0, 1.0), (1, 30.0, 3.0), (1, 60.0, 5.0), (2, 0.0, math.pi)]
     out = rollup_rows(rows)
     assert [(r["series_id"], r["ts"], r["min"], r["max"], r["mean"], r["last"], r["count"]) for r in out] == [
-        (1, 0.0, 1.0, 3.0, 2.0, 3.0, 2), (1, 60.0, 5.0, 5.0, 5.0, 5.0, 1), (2, 0.0, math.pi, math.pi, math.pi, math.pi, 1)]
+        (1, 0.0, 1.0, 3.0, 2.0, 3.0, 2),
+        (1, 60.0, 5.0, 5.0, 5.0, 5.0, 1),
+        (2, 0.0, math.pi, math.pi, math.pi, math.pi, 1),
+    ]
 
 
 def test_schema_has_the_tables_pages_read(db_url):
     engine = make_engine(db_url)
     upgrade(engine)
     names = set(inspect(engine).get_table_names())
-    assert {"targets", "series", "samples", "rollups_1m", "sidecar_state", "sessions", "subtrees",
-            "rollups_10m", "compaction_decisions", "audit", "alerts", "silences", "notifications", "collector_heartbeat",
-            "collector_state"} <= names
+    assert {
+        "targets",
+        "series",
+        "samples",
+        "rollups_1m",
+        "sidecar_state",
+        "sessions",
+        "subtrees",
+        "rollups_10m",
+        "compaction_decisions",
+        "audit",
+        "alerts",
+        "silences",
+        "notifications",
+        "collector_heartbeat",
+        "collector_state",
+    } <= names
     assert Session.__tablename__ in names
 
 
 def test_target_totals_sum_engine_labels():
     rows = [
-        {"target_id": 1, "url": "u", "name": None, "role": "engine", "kind": "vllm", "up": True, "engine": "0",
-         "ts": 5.0, sig.PREFIX_CACHE_HITS_PER_S: 80.0, sig.PREFIX_CACHE_QUERIES_PER_S: 100.0,
-         sig.ENGINE_HIT_RATIO: 0.8, sig.KV_USAGE: 0.2, sig.POOL_TOKENS: 1000.0, sig.REQUESTS_RUNNING: 2.0},
-        {"target_id": 1, "url": "u", "name": None, "role": "engine", "kind": "vllm", "up": True, "engine": "1",
-         "ts": 6.0, sig.PREFIX_CACHE_HITS_PER_S: 0.0, sig.PREFIX_CACHE_QUERIES_PER_S: 300.0,
-         sig.ENGINE_HIT_RATIO: 0.0, sig.KV_USAGE: 0.6, sig.POOL_TOKENS: 3000.0, sig.REQUESTS_RUNNING: 5.0},
-        {"target_id": 1, "url": "u", "name": None, "role": "engine", "kind": "vllm", "up": True, "engine": None,
-         "ts": 6.0, sig.UP: 1.0},
-        {"target_id": 2, "url": "s", "name": None, "role": "sidecar", "kind": "sidecar", "up": True, "engine": None,
-         "ts": 6.0, sig.TOKEN_WEIGHTED: 0.5},
+        {
+            "target_id": 1,
+            "url": "u",
+            "name": None,
+            "role": "engine",
+            "kind": "vllm",
+            "up": True,
+            "engine": "0",
+            "ts": 5.0,
+            sig.PREFIX_CACHE_HITS_PER_S: 80.0,
+            sig.PREFIX_CACHE_QUERIES_PER_S: 100.0,
+            sig.ENGINE_HIT_RATIO: 0.8,
+            sig.KV_USAGE: 0.2,
+            sig.POOL_TOKENS: 1000.0,
+            sig.REQUESTS_RUNNING: 2.0,
+        },
+        {
+            "target_id": 1,
+            "url": "u",
+            "name": None,
+            "role": "engine",
+            "kind": "vllm",
+            "up": True,
+            "engine": "1",
+            "ts": 6.0,
+            sig.PREFIX_CACHE_HITS_PER_S: 0.0,
+            sig.PREFIX_CACHE_QUERIES_PER_S: 300.0,
+            sig.ENGINE_HIT_RATIO: 0.0,
+            sig.KV_USAGE: 0.6,
+            sig.POOL_TOKENS: 3000.0,
+            sig.REQUESTS_RUNNING: 5.0,
+        },
+        {
+            "target_id": 1,
+            "url": "u",
+            "name": None,
+            "role": "engine",
+            "kind": "vllm",
+            "up": True,
+            "engine": None,
+            "ts": 6.0,
+            sig.UP: 1.0,
+        },
+        {
+            "target_id": 2,
+            "url": "s",
+            "name": None,
+            "role": "sidecar",
+            "kind": "sidecar",
+            "up": True,
+            "engine": None,
+            "ts": 6.0,
+            sig.TOKEN_WEIGHTED: 0.5,
+        },
     ]
     totals = {r["url"]: r for r in queries.target_totals(rows)}
     e = totals["u"]
@@ -332,25 +484,47 @@ def test_upgrade_to_log_epochs_keeps_audit_and_decisions(db_url):
     engine = make_engine(db_url)
     upgrade(engine, "0002")
     with engine.begin() as conn:  # what a 0002-era collector had stored
-        conn.execute(text("INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
-                          "consecutive_failures, created_ts) VALUES ('http://s:1', 'sidecar', 'sidecar', 'sidecar', "
-                          "'{}', true, 1.0, true, 0, 1.0)"))
+        conn.execute(
+            text(
+                "INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
+                "consecutive_failures, created_ts) VALUES ('http://s:1', 'sidecar', 'sidecar', 'sidecar', "
+                "'{}', true, 1.0, true, 0, 1.0)"
+            )
+        )
         tid = conn.execute(text("SELECT id FROM targets")).scalar()
-        conn.execute(text("INSERT INTO audit (source, target_id, remote_id, ts, actor, action, data) "
-                          "VALUES ('sidecar', :t, 7, 5.0, 'op', 'park', '{}')"), {"t": tid})
-        conn.execute(text("INSERT INTO compaction_decisions (target_id, remote_id, ts, decision, data) "
-                          "VALUES (:t, 3, 5.0, 'granted', '{}')"), {"t": tid})
+        conn.execute(
+            text(
+                "INSERT INTO audit (source, target_id, remote_id, ts, actor, action, data) "
+                "VALUES ('sidecar', :t, 7, 5.0, 'op', 'park', '{}')"
+            ),
+            {"t": tid},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO compaction_decisions (target_id, remote_id, ts, decision, data) "
+                "VALUES (:t, 3, 5.0, 'granted', '{}')"
+            ),
+            {"t": tid},
+        )
     upgrade(engine)
     assert current_revision(engine) == head_revision()
     with engine.begin() as conn:
-        assert conn.execute(select(AuditEntry.epoch, AuditEntry.remote_id, AuditEntry.action)).all() == [(0, 7, "park")]
+        assert conn.execute(select(AuditEntry.epoch, AuditEntry.remote_id, AuditEntry.action)).all() == [
+            (0, 7, "park")
+        ]
         assert conn.execute(select(CompactionDecision.epoch, CompactionDecision.remote_id)).all() == [(0, 3)]
         # The same remote id in the next epoch (a wiped sidecar) is a new entry; in the same epoch it is not.
-        conn.execute(AuditEntry.__table__.insert().values(source="sidecar", target_id=tid, epoch=1, remote_id=7,
-                                                          ts=6.0, data={}))
+        conn.execute(
+            AuditEntry.__table__.insert().values(
+                source="sidecar", target_id=tid, epoch=1, remote_id=7, ts=6.0, data={}
+            )
+        )
     with pytest.raises(Exception, match="(?i)unique"), engine.begin() as conn:
-        conn.execute(AuditEntry.__table__.insert().values(source="sidecar", target_id=tid, epoch=1, remote_id=7,
-                                                          ts=7.0, data={}))
+        conn.execute(
+            AuditEntry.__table__.insert().values(
+                source="sidecar", target_id=tid, epoch=1, remote_id=7, ts=7.0, data={}
+            )
+        )
     engine.dispose()
 
 
@@ -360,31 +534,57 @@ def test_upgrade_to_turns_keeps_data_and_turns_are_stored_once_and_pruned_with_r
     engine = make_engine(db_url)
     upgrade(engine, "0004")
     with engine.begin() as conn:  # what a 0004-era collector had stored
-        conn.execute(text("INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
-                          "consecutive_failures, created_ts) VALUES ('http://sidecar:8100', 'sidecar', 'sidecar', "
-                          "'sidecar', '{}', true, 1.0, true, 0, 1.0)"))
+        conn.execute(
+            text(
+                "INSERT INTO targets (url, role, kind, configured_kind, labels, configured, interval_s, up, "
+                "consecutive_failures, created_ts) VALUES ('http://sidecar:8100', 'sidecar', 'sidecar', "
+                "'sidecar', '{}', true, 1.0, true, 0, 1.0)"
+            )
+        )
         tid = conn.execute(text("SELECT id FROM targets")).scalar()
-        conn.execute(text("INSERT INTO audit (source, target_id, epoch, remote_id, ts, actor, action, data) "
-                          "VALUES ('sidecar', :t, 0, 7, 5.0, 'op', 'park', '{}')"), {"t": tid})
+        conn.execute(
+            text(
+                "INSERT INTO audit (source, target_id, epoch, remote_id, ts, actor, action, data) "
+                "VALUES ('sidecar', :t, 0, 7, 5.0, 'op', 'park', '{}')"
+            ),
+            {"t": tid},
+        )
     upgrade(engine)
     assert current_revision(engine) == head_revision()
-    assert {ix["name"] for ix in inspect(engine).get_indexes("turns")} >= {"ix_turns_ts", "ix_turns_session_id"}
+    assert {ix["name"] for ix in inspect(engine).get_indexes("turns")} >= {
+        "ix_turns_ts",
+        "ix_turns_session_id",
+    }
     s = Store(engine, clock=lambda: T0)
     s.sync_targets(config())
     with engine.begin() as conn:
         assert conn.execute(select(AuditEntry.remote_id, AuditEntry.action)).all() == [(7, "park")]
-    t1 = {"remote_id": 1, "ts": T0 - 90_000, "session_id": "s1", "subtree_id": None, "prompt_tokens": 100,
-          "cached_tokens": 0, "completion_tokens": 5, "held_s": 0.0, "parked_s": 0.0, "latency_s": 0.1,
-          "outcome": "ok", "model": "m"}
+    t1 = {
+        "remote_id": 1,
+        "ts": T0 - 90_000,
+        "session_id": "s1",
+        "subtree_id": None,
+        "prompt_tokens": 100,
+        "cached_tokens": 0,
+        "completion_tokens": 5,
+        "held_s": 0.0,
+        "parked_s": 0.0,
+        "latency_s": 0.1,
+        "outcome": "ok",
+        "model": "m",
+    }
     t2 = dict(t1, remote_id=2, ts=T0 - 10)
     o = sidecar_outcome(T0, [session("s1")])
     s.write([ScrapeOutcome(**{**o.__dict__, "turns": [t1]})])
-    s.write([ScrapeOutcome(**{**o.__dict__, "ts": T0 + 1, "turns": [t1, t2]})])  # re-read after a restart: stored once
+    s.write(
+        [ScrapeOutcome(**{**o.__dict__, "ts": T0 + 1, "turns": [t1, t2]})]
+    )  # re-read after a restart: stored once
     with engine.begin() as conn:
         assert conn.execute(select(Turn.remote_id).order_by(Turn.remote_id)).scalars().all() == [1, 2]
     assert s.cursors(SIDECAR_URL)["turns"].after_id == 2 and s.cursors(SIDECAR_URL)["turns"].key == "ok"
     with engine.begin() as conn:  # pretend everything is rolled up, so the raw tier can be pruned
         from db.queries import ROLLUP_WATERMARK_KEY
+
         s._set_state(conn, ROLLUP_WATERMARK_KEY, T0)
     s.retention(24 * 3600.0, 30 * 86400.0, now=T0)
     with engine.begin() as conn:

@@ -28,11 +28,29 @@ def listening(port: int) -> bool:
 
 def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
     ports = {name: free_port() for name in ("engine", "sidecar", "dashboard")}
-    cmd = [PYTHON, "-m", "demo", "--engine-port", str(ports["engine"]), "--sidecar-port", str(ports["sidecar"]),
-           "--dashboard-port", str(ports["dashboard"]), "--data-dir", str(tmp_path), "--speed", "8"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "demo",
+        "--engine-port",
+        str(ports["engine"]),
+        "--sidecar-port",
+        str(ports["sidecar"]),
+        "--dashboard-port",
+        str(ports["dashboard"]),
+        "--data-dir",
+        str(tmp_path),
+        "--speed",
+        "8",
+    ]
     env = {"PREFIXOPS_OPERATOR_TOKEN": ""}
     with running(cmd, name="demo", env=env) as proc:
-        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up", tolerate=TOLERATE)
+        wait_for(
+            lambda: "PrefixOps is up." in read_log(proc),
+            150,
+            "the demo did not report itself up",
+            tolerate=TOLERATE,
+        )
         banner = read_log(proc)
         assert f"http://127.0.0.1:{ports['dashboard']}" in banner
         assert "operator token" in banner
@@ -53,9 +71,21 @@ def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
         assert time.monotonic() - up_at <= 30
 
         def collected():
-            out = subprocess.run([PYTHON, "-m", "collectors", "status", "--json", "--database-url",
-                                  f"sqlite:///{tmp_path / 'prefixops.db'}"], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout
+            out = subprocess.run(
+                [
+                    PYTHON,
+                    "-m",
+                    "collectors",
+                    "status",
+                    "--json",
+                    "--database-url",
+                    f"sqlite:///{tmp_path / 'prefixops.db'}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
             rows = json.loads(out)
             return [r for r in rows if r["up"] and r["token_weighted"] is not None]
 
@@ -74,18 +104,39 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
     budgeter-park brings the hit rate back. The demo's own mode change is authenticated and audited."""
     ports = {name: free_port() for name in ("engine", "sidecar", "dashboard")}
     token = "collapse-demo-token"
-    cmd = [PYTHON, "-m", "demo", "--scenario", "collapse", "--engine-port", str(ports["engine"]),
-           "--sidecar-port", str(ports["sidecar"]), "--dashboard-port", str(ports["dashboard"]),
-           "--data-dir", str(tmp_path), "--speed", "10"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "demo",
+        "--scenario",
+        "collapse",
+        "--engine-port",
+        str(ports["engine"]),
+        "--sidecar-port",
+        str(ports["sidecar"]),
+        "--dashboard-port",
+        str(ports["dashboard"]),
+        "--data-dir",
+        str(tmp_path),
+        "--speed",
+        "10",
+    ]
     env = {"PREFIXOPS_OPERATOR_TOKEN": token}
     sidecar = f"http://127.0.0.1:{ports['sidecar']}"
     auth = {"Authorization": f"Bearer {token}", "X-Actor": "test-operator"}
     with running(cmd, name="demo-collapse", env=env) as proc:
-        wait_for(lambda: "PrefixOps is up." in read_log(proc), 150, "the demo did not report itself up", tolerate=TOLERATE)
+        wait_for(
+            lambda: "PrefixOps is up." in read_log(proc),
+            150,
+            "the demo did not report itself up",
+            tolerate=TOLERATE,
+        )
         assert "Scenario: collapse" in read_log(proc)
         entries = httpx.get(f"{sidecar}/audit", headers=auth, timeout=5).json()
-        assert any(e["actor"] == "demo" and e["action"] == "budgeter.update" and e["params"] == {"mode": "off"}
-                   for e in entries), entries
+        assert any(
+            e["actor"] == "demo" and e["action"] == "budgeter.update" and e["params"] == {"mode": "off"}
+            for e in entries
+        ), entries
 
         def collapsed():
             state = httpx.get(f"{sidecar}/state", timeout=5).json()
@@ -101,12 +152,15 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
 
         def collapse_alert():
             with sqlite3.connect(tmp_path / "prefixops.db") as db:
-                return db.execute("SELECT count(*) FROM alerts WHERE rule = 'collapse' AND state = 'firing'"
-                                  ).fetchone()[0]
+                return db.execute(
+                    "SELECT count(*) FROM alerts WHERE rule = 'collapse' AND state = 'firing'"
+                ).fetchone()[0]
 
         wait_for(collapse_alert, 120, "the collectors did not raise the collapse alert", tolerate=TOLERATE)
 
-        response = httpx.put(f"{sidecar}/control/budgeter", json={"mode": "budgeter-park"}, headers=auth, timeout=10)
+        response = httpx.put(
+            f"{sidecar}/control/budgeter", json={"mode": "budgeter-park"}, headers=auth, timeout=10
+        )
         assert response.status_code == 200, response.text
 
         def recovered():

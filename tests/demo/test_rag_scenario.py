@@ -12,7 +12,9 @@ def test_rag_scenario_runs_the_rag_storm_preset_with_its_storm_repeating() -> No
     assert "--rag-preset" in args
     assert args[args.index("--sessions-per-s") + 1] == "0"
     # storm at minute 10 for 10 minutes at x4: on from 150 s to 300 s, again every 450 s
-    assert float(args[args.index("--rag-storm-every") + 1]) == (2 * r.storm_start_min + r.storm_minutes) * 60 / 4
+    assert (
+        float(args[args.index("--rag-storm-every") + 1]) == (2 * r.storm_start_min + r.storm_minutes) * 60 / 4
+    )
 
 
 def test_rag_scenario_defaults() -> None:

@@ -59,9 +59,23 @@ def sidecar_factory(real_engine: RealEngine, tmp_path: Path):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         db = tmp_path / f"sidecar-{port}.db"
-        with running([PYTHON, "-m", "sidecar", "--engine", real_engine.url, "--port", str(port),
-                      "--state-db", str(db), *flags], name="sidecar", ready_url=f"{url}/healthz",
-                     env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR_TOKEN}):
+        with running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                real_engine.url,
+                "--port",
+                str(port),
+                "--state-db",
+                str(db),
+                *flags,
+            ],
+            name="sidecar",
+            ready_url=f"{url}/healthz",
+            env={"PREFIXOPS_OPERATOR_TOKEN": OPERATOR_TOKEN},
+        ):
             yield url
 
     return start

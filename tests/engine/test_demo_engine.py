@@ -7,13 +7,16 @@ import pytest
 from demo.real_engine import DemoEngineError, demo_engine_from_env
 
 
-@pytest.mark.parametrize("environ,expected", [
-    ({}, "sim"),
-    ({"DEMO_ENGINE": "vllm"}, "vllm"),
-    ({"PREFIXOPS_DEMO_ENGINE": "vllm", "DEMO_ENGINE": "sim"}, "vllm"),
-    ({"PREFIXOPS_DEMO_ENGINE": "simulator"}, "sim"),
-    ({"PREFIXOPS_DEMO_ENGINE": " VLLM "}, "vllm"),
-])
+@pytest.mark.parametrize(
+    "environ,expected",
+    [
+        ({}, "sim"),
+        ({"DEMO_ENGINE": "vllm"}, "vllm"),
+        ({"PREFIXOPS_DEMO_ENGINE": "vllm", "DEMO_ENGINE": "sim"}, "vllm"),
+        ({"PREFIXOPS_DEMO_ENGINE": "simulator"}, "sim"),
+        ({"PREFIXOPS_DEMO_ENGINE": " VLLM "}, "vllm"),
+    ],
+)
 def test_demo_engine_from_env(environ, expected):
     assert demo_engine_from_env(environ) == expected
 

@@ -11,10 +11,12 @@ from simulator.config import SimConfigError
 from simulator.fit import PRESETS, fit_from_probes, fit_overrides, least_squares, preset_overrides
 from tests.support import PYTHON, REPO
 
-METRICS = ('# TYPE vllm:cache_config_info gauge\n'
-           'vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="20480",'
-           'num_gpu_blocks="160"} 1.0\n'
-           '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
+METRICS = (
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="20480",'
+    'num_gpu_blocks="160"} 1.0\n'
+    '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+)
 
 
 def test_least_squares_recovers_exact_coefficients():
@@ -25,7 +27,9 @@ def test_least_squares_recovers_exact_coefficients():
 
 def test_fit_from_probes_recovers_the_cost_model_and_reads_the_pool():
     t0, alpha, beta, gamma = 0.004, 2e-4, 1e-7, 3e-7
-    prefills = [{"prompt_tokens": n, "seconds": t0 + alpha * n + beta * n * n / 2} for n in (128, 512, 2048, 8192)]
+    prefills = [
+        {"prompt_tokens": n, "seconds": t0 + alpha * n + beta * n * n / 2} for n in (128, 512, 2048, 8192)
+    ]
     decodes = [{"batch": b, "ctx": 1034, "step_s": t0 + gamma * b * 1034} for b in (1, 2, 4, 8)]
     fit = fit_from_probes(METRICS, prefills, decodes)
     s = fit["set"]
@@ -47,12 +51,41 @@ def test_fit_overrides_names_the_file_when_it_is_not_a_fit(tmp_path):
 
 
 def test_simulator_run_with_fit_and_preset_uses_the_fitted_engine(tmp_path):
-    fit = {"set": {"pool_tokens": "20480", "block_size": "128", "step_overhead_s": "0.004",
-                   "prefill_per_token_s": "0.0002", "prefill_attention_s": "1e-07", "decode_per_ctx_token_s": "3e-07"}}
+    fit = {
+        "set": {
+            "pool_tokens": "20480",
+            "block_size": "128",
+            "step_overhead_s": "0.004",
+            "prefill_per_token_s": "0.0002",
+            "prefill_attention_s": "1e-07",
+            "decode_per_ctx_token_s": "3e-07",
+        }
+    }
     (tmp_path / "fit.json").write_text(json.dumps(fit))
-    done = subprocess.run([PYTHON, "-m", "simulator", "run", "--scenario", "agent-steady", "--minutes", "2",
-                           "--preset", "cpu-tiny", "--fit", str(tmp_path / "fit.json"), "--set", "arrival_rate=0.05",
-                           "--out", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "simulator",
+            "run",
+            "--scenario",
+            "agent-steady",
+            "--minutes",
+            "2",
+            "--preset",
+            "cpu-tiny",
+            "--fit",
+            str(tmp_path / "fit.json"),
+            "--set",
+            "arrival_rate=0.05",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["config"]["engine"]["pool_tokens"] == 20480 and run["config"]["engine"]["block_size"] == 128

@@ -28,17 +28,76 @@ def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
     engine_port, sidecar_port = free_port(), free_port()
     engine, sidecar = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
     token = "live-run-test-token"
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "20480",
-                  "--block-size", "128"], name="simulator", ready_url=f"{engine}/health"), \
-            running([PYTHON, "-m", "sidecar", "--engine", engine, "--port", str(sidecar_port),
-                     "--state-db", str(tmp_path / "sidecar.db")], name="sidecar", ready_url=f"{sidecar}/healthz",
-                    env={"PREFIXOPS_OPERATOR_TOKEN": token}):
+    with (
+        running(
+            [
+                PYTHON,
+                "-m",
+                "simulator",
+                "serve",
+                "--port",
+                str(engine_port),
+                "--pool-tokens",
+                "20480",
+                "--block-size",
+                "128",
+            ],
+            name="simulator",
+            ready_url=f"{engine}/health",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine,
+                "--port",
+                str(sidecar_port),
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar}/healthz",
+            env={"PREFIXOPS_OPERATOR_TOKEN": token},
+        ),
+    ):
         done = subprocess.run(
-            [PYTHON, "-m", "simulator", "live-run", "--engine", engine, "--sidecar", sidecar, "--scenario",
-             "agent-burst", "--control", "budgeter-park", "--control-start-min", "0.25", "--minutes", "0.5",
-             "--seed", "1", "--preset", "cpu-tiny", "--set", "burst_start_min=0.05", "--set", "burst_minutes=0.1",
-             "--operator-token", token, "--out", str(tmp_path / "run")],
-            cwd=REPO, capture_output=True, text=True, timeout=240)
+            [
+                PYTHON,
+                "-m",
+                "simulator",
+                "live-run",
+                "--engine",
+                engine,
+                "--sidecar",
+                sidecar,
+                "--scenario",
+                "agent-burst",
+                "--control",
+                "budgeter-park",
+                "--control-start-min",
+                "0.25",
+                "--minutes",
+                "0.5",
+                "--seed",
+                "1",
+                "--preset",
+                "cpu-tiny",
+                "--set",
+                "burst_start_min=0.05",
+                "--set",
+                "burst_minutes=0.1",
+                "--operator-token",
+                token,
+                "--out",
+                str(tmp_path / "run"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         audit = httpx.get(f"{sidecar}/audit", timeout=10).text
     run = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -46,8 +105,15 @@ def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
     assert len(run["series"]["t"]) == 30
     s = run["series"]
     assert sum(s["turns"]) > 0 and sum(s["prompt_tokens"]) >= sum(s["cached_tokens"]) > 0
-    verdict = judge_run(s["prompt_tokens"], s["cached_tokens"], s["turns"], s["sessions_in_system"],
-                        control_start_min=0.25, minutes=0.5, window_min=1.0).as_dict()
+    verdict = judge_run(
+        s["prompt_tokens"],
+        s["cached_tokens"],
+        s["turns"],
+        s["sessions_in_system"],
+        control_start_min=0.25,
+        minutes=0.5,
+        window_min=1.0,
+    ).as_dict()
     assert {k: run["summary"][k] for k in verdict} == verdict
     assert run["config"]["engine"]["pool_tokens"] == 20480  # read from the engine through the sidecar
     assert run["summary"]["sessions_arrived"] == len(run["arrivals"]) > 0

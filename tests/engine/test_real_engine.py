@@ -30,9 +30,18 @@ def engine_counters(url: str):
     return parse_engine_metrics(httpx.get(f"{url}/metrics", timeout=10).text).total()
 
 
-async def session(client: httpx.AsyncClient, sidecar: str, sid: str, rng: random.Random, turns: int,
-                  first: int, growth: int, system: str, max_tokens: int = 8,
-                  extra: dict | None = None) -> list[dict]:
+async def session(
+    client: httpx.AsyncClient,
+    sidecar: str,
+    sid: str,
+    rng: random.Random,
+    turns: int,
+    first: int,
+    growth: int,
+    system: str,
+    max_tokens: int = 8,
+    extra: dict | None = None,
+) -> list[dict]:
     """One closed-loop agent session through the sidecar; returns each turn's usage."""
     messages = [{"role": "system", "content": system}, {"role": "user", "content": words(rng, first)}]
     usages = []
@@ -40,9 +49,17 @@ async def session(client: httpx.AsyncClient, sidecar: str, sid: str, rng: random
         headers = {"X-Session-Id": sid}
         if turn == turns - 1:
             headers["X-Session-End"] = "true"
-        r = await client.post(f"{sidecar}/v1/chat/completions", headers=headers, timeout=600,
-                              json={"model": SERVED_MODEL_NAME, "messages": messages, "max_tokens": max_tokens,
-                                    **(extra or {})})
+        r = await client.post(
+            f"{sidecar}/v1/chat/completions",
+            headers=headers,
+            timeout=600,
+            json={
+                "model": SERVED_MODEL_NAME,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                **(extra or {}),
+            },
+        )
         assert r.status_code == 200, f"{sid} turn {turn}: HTTP {r.status_code} {r.text[:300]}"
         body = r.json()
         usages.append(body["usage"])
@@ -57,17 +74,27 @@ def test_openai_client_through_the_sidecar_streaming_and_not(sidecar_factory):
     with sidecar_factory() as sidecar:
         client = OpenAI(base_url=f"{sidecar}/v1", api_key="unused", max_retries=0, timeout=120)
         assert SERVED_MODEL_NAME in [m.id for m in client.models.list().data]
-        messages = [{"role": "system", "content": "You are terse."},
-                    {"role": "user", "content": words(random.Random(1), 600)}]
-        done = client.chat.completions.create(model=SERVED_MODEL_NAME, messages=messages, max_tokens=12,
-                                              extra_headers={"X-Session-Id": "oa-1"})
+        messages = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": words(random.Random(1), 600)},
+        ]
+        done = client.chat.completions.create(
+            model=SERVED_MODEL_NAME, messages=messages, max_tokens=12, extra_headers={"X-Session-Id": "oa-1"}
+        )
         assert done.usage.prompt_tokens > 600 and done.usage.completion_tokens > 0
         assert done.choices[0].message.content
-        messages += [{"role": "assistant", "content": done.choices[0].message.content},
-                     {"role": "user", "content": words(random.Random(2), 300)}]
-        stream = client.chat.completions.create(model=SERVED_MODEL_NAME, messages=messages, max_tokens=12,
-                                                stream=True, stream_options={"include_usage": True},
-                                                extra_headers={"X-Session-Id": "oa-1"})
+        messages += [
+            {"role": "assistant", "content": done.choices[0].message.content},
+            {"role": "user", "content": words(random.Random(2), 300)},
+        ]
+        stream = client.chat.completions.create(
+            model=SERVED_MODEL_NAME,
+            messages=messages,
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Session-Id": "oa-1"},
+        )
         chunks = list(stream)
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         usage = [c.usage for c in chunks if c.usage is not None]
@@ -75,8 +102,15 @@ def test_openai_client_through_the_sidecar_streaming_and_not(sidecar_factory):
         # the second turn extends the first: the real prefix cache hit it, and the engine said so
         assert usage[0].prompt_tokens_details.cached_tokens >= 512
         # a stream whose client did not ask for usage gets none (the sidecar asked for it and strips it)
-        plain = list(client.chat.completions.create(model=SERVED_MODEL_NAME, messages=messages, max_tokens=4,
-                                                    stream=True, extra_headers={"X-Session-Id": "oa-2"}))
+        plain = list(
+            client.chat.completions.create(
+                model=SERVED_MODEL_NAME,
+                messages=messages,
+                max_tokens=4,
+                stream=True,
+                extra_headers={"X-Session-Id": "oa-2"},
+            )
+        )
         assert all(c.usage is None for c in plain)
         state = httpx.get(f"{sidecar}/state", timeout=10).json()
         assert state["reuse"]["known_turns"] >= 3 and state["reuse"]["unknown_turns"] == 0
@@ -92,9 +126,21 @@ def test_sidecar_rt_equals_the_engines_hit_ratio_over_100_turns(real_engine, sid
             async with httpx.AsyncClient() as client:
                 out: list[list[dict]] = []
                 for wave in range(7):  # 7 waves x 3 concurrent sessions x 5 turns = 105 turns
-                    out += await asyncio.gather(*[
-                        session(client, sidecar, f"rt-{wave}-{k}", random.Random(wave * 10 + k), turns=5,
-                                first=500, growth=250, system=system) for k in range(3)])
+                    out += await asyncio.gather(
+                        *[
+                            session(
+                                client,
+                                sidecar,
+                                f"rt-{wave}-{k}",
+                                random.Random(wave * 10 + k),
+                                turns=5,
+                                first=500,
+                                growth=250,
+                                system=system,
+                            )
+                            for k in range(3)
+                        ]
+                    )
                 return out
 
         usages = [u for s in asyncio.run(traffic()) for u in s]
@@ -127,12 +173,22 @@ def test_sidecar_pool_is_the_engines_kv_cache_size_tokens(real_engine, sidecar_f
     assert budgeter["pool_tokens"] == engine_pool
 
 
-def test_collectors_read_the_engine_under_current_names_and_status_shows_it(real_engine, sidecar_factory, tmp_path):
+def test_collectors_read_the_engine_under_current_names_and_status_shows_it(
+    real_engine, sidecar_factory, tmp_path
+):
     text = httpx.get(f"{real_engine.url}/metrics", timeout=10).text
-    for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:kv_cache_usage_perc",
-                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total"):
+    for name in (
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+    ):
         assert re.search(rf"^{re.escape(name)}\{{", text, re.M), f"vLLM 0.32 exports {name}"
-    assert "vllm:gpu_prefix_cache_queries" not in text  # the old names are gone; the collectors must not need them
+    assert (
+        "vllm:gpu_prefix_cache_queries" not in text
+    )  # the old names are gone; the collectors must not need them
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     with sidecar_factory() as sidecar:
         # traffic while the collectors scrape: the engine's hit ratio is a rate of counter deltas
@@ -140,15 +196,35 @@ def test_collectors_read_the_engine_under_current_names_and_status_shows_it(real
         traffic = threading.Thread(target=lambda: asyncio.run(_sessions_until(sidecar, stop)))
         traffic.start()
         try:
-            done = subprocess.run([PYTHON, "-m", "collectors", "--engine", real_engine.url, "--sidecar", sidecar,
-                                   "--once", "--database-url", db_url], cwd=REPO, capture_output=True, text=True,
-                                  timeout=300)
+            done = subprocess.run(
+                [
+                    PYTHON,
+                    "-m",
+                    "collectors",
+                    "--engine",
+                    real_engine.url,
+                    "--sidecar",
+                    sidecar,
+                    "--once",
+                    "--database-url",
+                    db_url,
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
         finally:
             stop.set()
             traffic.join(timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
-    status = subprocess.run([PYTHON, "-m", "collectors", "status", "--json", "--database-url", db_url], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [PYTHON, "-m", "collectors", "status", "--json", "--database-url", db_url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr[-3000:]
     rows = json.loads(status.stdout)
     engine_rows = [r for r in rows if r["target"] == real_engine.url]
@@ -166,8 +242,16 @@ async def _sessions_until(sidecar: str, stop: threading.Event) -> None:
     async with httpx.AsyncClient() as client:
         k = 0
         while not stop.is_set():
-            await session(client, sidecar, f"col-{k}", random.Random(k), turns=4, first=400, growth=200,
-                          system=words(random.Random(8), 100))
+            await session(
+                client,
+                sidecar,
+                f"col-{k}",
+                random.Random(k),
+                turns=4,
+                first=400,
+                growth=200,
+                system=words(random.Random(8), 100),
+            )
             k += 1
 
 
@@ -189,10 +273,22 @@ def test_tight_band_parks_sessions_at_turn_boundaries_and_loses_no_request(real_
             async with httpx.AsyncClient() as client:
                 watcher = asyncio.create_task(watch(client))
                 try:
-                    return await asyncio.gather(*[
-                        session(client, sidecar, f"park-{k}", random.Random(100 + k), turns=4, first=1500,
-                                growth=600, system=words(random.Random(9), 100), max_tokens=16)
-                        for k in range(8)])
+                    return await asyncio.gather(
+                        *[
+                            session(
+                                client,
+                                sidecar,
+                                f"park-{k}",
+                                random.Random(100 + k),
+                                turns=4,
+                                first=1500,
+                                growth=600,
+                                system=words(random.Random(9), 100),
+                                max_tokens=16,
+                            )
+                            for k in range(8)
+                        ]
+                    )
                 finally:
                     stop = True
                     await watcher
@@ -207,25 +303,58 @@ def test_tight_band_parks_sessions_at_turn_boundaries_and_loses_no_request(real_
     assert audit_free_state["backlog"]["parked"] == 0 and audit_free_state["backlog"]["held_requests"] == 0
 
 
-def test_preemption_shows_on_the_engine_page_and_stays_out_of_the_hit_counters(real_engine, sidecar_factory,
-                                                                                 tmp_path):
+def test_preemption_shows_on_the_engine_page_and_stays_out_of_the_hit_counters(
+    real_engine, sidecar_factory, tmp_path
+):
     """A running set larger than the pool: the engine preempts; the Engine page's data shows it."""
     from dashboard import data
 
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
-    with sidecar_factory("--mode", "off") as sidecar, \
-            running([PYTHON, "-m", "collectors", "--engine", real_engine.url, "--sidecar", sidecar,
-                     "--database-url", db_url, "--interval", "1"], name="collectors"):
+    with (
+        sidecar_factory("--mode", "off") as sidecar,
+        running(
+            [
+                PYTHON,
+                "-m",
+                "collectors",
+                "--engine",
+                real_engine.url,
+                "--sidecar",
+                sidecar,
+                "--database-url",
+                db_url,
+                "--interval",
+                "1",
+            ],
+            name="collectors",
+        ),
+    ):
         time.sleep(3)
         before = engine_counters(real_engine.url)
 
         async def load() -> list[dict]:
             async with httpx.AsyncClient() as client:
                 # 8 x (2400 prompt + 900 output) = ~26K tokens running at once > the 20480-token pool
-                return [u[0] for u in await asyncio.gather(*[
-                    session(client, sidecar, f"pre-{k}", random.Random(200 + k), turns=1, first=2400, growth=10,
-                            system="go", max_tokens=900, extra={"ignore_eos": True, "min_tokens": 900})
-                    for k in range(8)])]
+                return [
+                    u[0]
+                    for u in await asyncio.gather(
+                        *[
+                            session(
+                                client,
+                                sidecar,
+                                f"pre-{k}",
+                                random.Random(200 + k),
+                                turns=1,
+                                first=2400,
+                                growth=10,
+                                system="go",
+                                max_tokens=900,
+                                extra={"ignore_eos": True, "min_tokens": 900},
+                            )
+                            for k in range(8)
+                        ]
+                    )
+                ]
 
         usages = asyncio.run(load())
         after = engine_counters(real_engine.url)
@@ -243,5 +372,7 @@ def test_preemption_shows_on_the_engine_page_and_stays_out_of_the_hit_counters(r
     assert (queries, hits) == (prompt, cached)
     engines = data.engines(db_url)
     ref = next(e for e in engines if e.engine_target_id is not None)
-    frame = data.series(db_url, (ref.engine_target_id,), ("preemptions_per_s",), time.time() - 600, time.time() + 5)
+    frame = data.series(
+        db_url, (ref.engine_target_id,), ("preemptions_per_s",), time.time() - 600, time.time() + 5
+    )
     assert not frame.empty and frame["value"].max() > 0, "the Engine page's preemption series shows it"

@@ -42,11 +42,22 @@ class Harness:
     engine: StubEngine
     settings: Settings
 
-    async def chat(self, session: str | None = None, content: str = "hello", *, system: str = "You are terse.",
-                   max_tokens: int | None = 16, stream: bool = False, headers: dict[str, str] | None = None,
-                   **extra: Any) -> httpx.Response:
-        body: dict[str, Any] = {"model": "stub-model", "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": content}], **extra}
+    async def chat(
+        self,
+        session: str | None = None,
+        content: str = "hello",
+        *,
+        system: str = "You are terse.",
+        max_tokens: int | None = 16,
+        stream: bool = False,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> httpx.Response:
+        body: dict[str, Any] = {
+            "model": "stub-model",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": content}],
+            **extra,
+        }
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if stream:
@@ -63,12 +74,19 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def sidecar(tmp_path: Path, *, engine: StubEngine | None = None, **overrides: Any) -> AsyncIterator[Harness]:
+async def sidecar(
+    tmp_path: Path, *, engine: StubEngine | None = None, **overrides: Any
+) -> AsyncIterator[Harness]:
     engine = engine or StubEngine()
     server = await serve(engine, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    values: dict[str, Any] = dict(engine=f"http://127.0.0.1:{port}", state_db=str(tmp_path / "sidecar.db"),
-                                  operator_token=OPERATOR, tick_s=3600.0, pool_refresh_s=3600.0)
+    values: dict[str, Any] = dict(
+        engine=f"http://127.0.0.1:{port}",
+        state_db=str(tmp_path / "sidecar.db"),
+        operator_token=OPERATOR,
+        tick_s=3600.0,
+        pool_refresh_s=3600.0,
+    )
     values.update(overrides)
     settings = Settings(**values)
     clock = FakeClock()

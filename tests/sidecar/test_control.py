@@ -30,9 +30,19 @@ async def test_without_operator_token_the_sidecar_is_read_only(tmp_path: Path) -
         assert state["budgeter"]["mode"] == "budgeter-park"
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token"}, {"Authorization": OPERATOR},
-                                     {"Authorization": f"Basic {OPERATOR}"}, {"Authorization": f"Bearer {VIEWER}"}])
-async def test_missing_or_wrong_token_is_401_and_nothing_changes(tmp_path: Path, headers: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-token"},
+        {"Authorization": OPERATOR},
+        {"Authorization": f"Basic {OPERATOR}"},
+        {"Authorization": f"Bearer {VIEWER}"},
+    ],
+)
+async def test_missing_or_wrong_token_is_401_and_nothing_changes(
+    tmp_path: Path, headers: dict[str, str]
+) -> None:
     async with sidecar(tmp_path, viewer_token=VIEWER) as h:
         await h.chat("s1")
         calls = [
@@ -64,7 +74,9 @@ async def test_tokens_are_compared_in_constant_time(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(sidecar_auth.hmac, "compare_digest", spy)
     async with sidecar(tmp_path) as h:
-        await h.client.put("/control/budgeter", json={"mode": "off"}, headers={"Authorization": "Bearer nope"})
+        await h.client.put(
+            "/control/budgeter", json={"mode": "off"}, headers={"Authorization": "Bearer nope"}
+        )
         assert OPERATOR.encode() in seen
 
 
@@ -73,12 +85,18 @@ async def test_viewer_token_guards_json_reads_but_not_metrics_or_healthz(tmp_pat
         for path in READS:
             assert (await h.client.get(path)).status_code == 401, path
             assert (await h.client.get(path, headers={"Authorization": "Bearer x"})).status_code == 401, path
-            assert (await h.client.get(path, headers={"Authorization": f"Bearer {VIEWER}"})).status_code == 200
-            assert (await h.client.get(path, headers={"Authorization": f"Bearer {OPERATOR}"})).status_code == 200
+            assert (
+                await h.client.get(path, headers={"Authorization": f"Bearer {VIEWER}"})
+            ).status_code == 200
+            assert (
+                await h.client.get(path, headers={"Authorization": f"Bearer {OPERATOR}"})
+            ).status_code == 200
         assert (await h.client.get("/metrics")).status_code == 200
         assert (await h.client.get("/healthz")).status_code == 200
         # the viewer token is not an operator token
-        r = await h.client.put("/control/budgeter", json={"mode": "off"}, headers={"Authorization": f"Bearer {VIEWER}"})
+        r = await h.client.put(
+            "/control/budgeter", json={"mode": "off"}, headers={"Authorization": f"Bearer {VIEWER}"}
+        )
         assert r.status_code == 401
 
 
@@ -89,20 +107,32 @@ async def test_reads_are_open_without_a_viewer_token(tmp_path: Path) -> None:
 
 
 BAD_BUDGETER = [
-    ({"low": float("nan")}, "low"), ({"low": "NaN"}, "low"), ({"high": float("inf")}, "high"),
-    ({"high": "Infinity"}, "high"), ({"low": "0.5"}, "low"), ({"low": 0.0}, "low"), ({"low": -0.1}, "low"),
-    ({"high": 1.01}, "high"), ({"low": 0.96}, "low"), ({"low": 0.5, "high": 0.4}, "low"),
-    ({"mode": "yolo"}, "mode"), ({"mode": None, "colour": "red"}, "colour"), ({"low": True}, "low"), ({}, "body"),
+    ({"low": float("nan")}, "low"),
+    ({"low": "NaN"}, "low"),
+    ({"high": float("inf")}, "high"),
+    ({"high": "Infinity"}, "high"),
+    ({"low": "0.5"}, "low"),
+    ({"low": 0.0}, "low"),
+    ({"low": -0.1}, "low"),
+    ({"high": 1.01}, "high"),
+    ({"low": 0.96}, "low"),
+    ({"low": 0.5, "high": 0.4}, "low"),
+    ({"mode": "yolo"}, "mode"),
+    ({"mode": None, "colour": "red"}, "colour"),
+    ({"low": True}, "low"),
+    ({}, "body"),
 ]
 
 
 @pytest.mark.parametrize(("body", "field"), BAD_BUDGETER)
-async def test_invalid_budgeter_updates_are_4xx_naming_field_and_value(tmp_path: Path, body: dict[str, Any],
-                                                                       field: str) -> None:
+async def test_invalid_budgeter_updates_are_4xx_naming_field_and_value(
+    tmp_path: Path, body: dict[str, Any], field: str
+) -> None:
     async with sidecar(tmp_path) as h:
         raw = json.dumps(body)  # json.dumps writes NaN / Infinity literals, as some clients do
-        r = await h.client.put("/control/budgeter", content=raw,
-                               headers={**OP_HEADERS, "Content-Type": "application/json"})
+        r = await h.client.put(
+            "/control/budgeter", content=raw, headers={**OP_HEADERS, "Content-Type": "application/json"}
+        )
         assert 400 <= r.status_code < 500, r.text
         err = r.json()["error"]
         assert err["param"] == field, err
@@ -110,8 +140,11 @@ async def test_invalid_budgeter_updates_are_4xx_naming_field_and_value(tmp_path:
         if field not in ("body", "colour"):
             assert str(body[field])[:3].lower() in err["message"].lower()  # the offending value is named
         state = await h.state()
-        assert (state["budgeter"]["mode"], state["budgeter"]["low"], state["budgeter"]["high"]) == \
-            ("budgeter-park", 0.75, 0.95)
+        assert (state["budgeter"]["mode"], state["budgeter"]["low"], state["budgeter"]["high"]) == (
+            "budgeter-park",
+            0.75,
+            0.95,
+        )
         assert (await h.client.get("/audit")).json() == []
 
 
@@ -119,24 +152,39 @@ async def test_partial_budgeter_updates_are_applied_and_audited(tmp_path: Path) 
     async with sidecar(tmp_path) as h:
         r = await h.client.put("/control/budgeter", json={"high": 0.9}, headers=OP_HEADERS)
         assert r.status_code == 200 and r.json()["budgeter"]["high"] == 0.9
-        r = await h.client.put("/control/budgeter", json={"mode": "session-cap-park", "low": 0.5},
-                               headers={**OP_HEADERS, "X-Actor": "bob"})
-        assert r.json()["budgeter"] == {"mode": "session-cap-park", "low": 0.5, "high": 0.9, "session_cap": 12,
-                                        "latency_limit_s": 10.0}
+        r = await h.client.put(
+            "/control/budgeter",
+            json={"mode": "session-cap-park", "low": 0.5},
+            headers={**OP_HEADERS, "X-Actor": "bob"},
+        )
+        assert r.json()["budgeter"] == {
+            "mode": "session-cap-park",
+            "low": 0.5,
+            "high": 0.9,
+            "session_cap": 12,
+            "latency_limit_s": 10.0,
+        }
         state = await h.state()
-        assert (state["budgeter"]["mode"], state["budgeter"]["low"], state["budgeter"]["high"]) == \
-            ("session-cap-park", 0.5, 0.9)
+        assert (state["budgeter"]["mode"], state["budgeter"]["low"], state["budgeter"]["high"]) == (
+            "session-cap-park",
+            0.5,
+            0.9,
+        )
         audit = (await h.client.get("/audit")).json()
         assert [a["id"] for a in audit] == [1, 2]
         assert audit[0]["actor"] == "alice" and audit[1]["actor"] == "bob" and audit[1]["role"] == "operator"
         assert audit[1]["action"] == "budgeter.update"
         assert audit[1]["params"] == {"mode": "session-cap-park", "low": 0.5}
-        assert audit[1]["before"]["mode"] == "budgeter-park" and audit[1]["after"]["mode"] == "session-cap-park"
+        assert (
+            audit[1]["before"]["mode"] == "budgeter-park" and audit[1]["after"]["mode"] == "session-cap-park"
+        )
         assert audit[1]["ts"] == h.clock()
         assert [a["id"] for a in (await h.client.get("/audit?after_id=1")).json()] == [2]
         assert (await h.client.get("/audit?after_id=-1")).status_code == 422
         # the token holder without X-Actor is recorded as "operator"
-        await h.client.put("/control/budgeter", json={"high": 0.95}, headers={"Authorization": f"Bearer {OPERATOR}"})
+        await h.client.put(
+            "/control/budgeter", json={"high": 0.95}, headers={"Authorization": f"Bearer {OPERATOR}"}
+        )
         assert (await h.client.get("/audit?after_id=2")).json()[0]["actor"] == "operator"
 
 
@@ -157,8 +205,12 @@ async def test_park_unpark_unknown_session_is_404_and_bodies_are_optional(tmp_pa
             r = await h.client.post(f"/control/sessions/ghost/{action}", headers=OP_HEADERS)
             assert r.status_code == 404 and r.json()["error"]["type"] == "unknown_session"
         await h.chat("s1")
-        assert (await h.client.post("/control/sessions/s1/park", headers=OP_HEADERS, json={})).status_code == 200
-        assert (await h.client.post("/control/sessions/s1/unpark", headers=OP_HEADERS, json={})).status_code == 200
+        assert (
+            await h.client.post("/control/sessions/s1/park", headers=OP_HEADERS, json={})
+        ).status_code == 200
+        assert (
+            await h.client.post("/control/sessions/s1/unpark", headers=OP_HEADERS, json={})
+        ).status_code == 200
         await h.client.post("/control/sessions/s1/park", headers=OP_HEADERS)
         r = await h.client.post("/control/sessions/s1/unpark", headers=OP_HEADERS, json={"pin": "yes"})
         assert r.status_code == 422 and r.json()["error"]["param"] == "pin"
@@ -171,14 +223,17 @@ async def test_park_unpark_unknown_session_is_404_and_bodies_are_optional(tmp_pa
 async def test_compaction_defer_and_allow(tmp_path: Path) -> None:
     async with sidecar(tmp_path) as h:
         now = h.clock()
-        r = await h.client.post("/control/compaction/defer", headers=OP_HEADERS,
-                                json={"minutes": 30, "reason": "incident 42"})
+        r = await h.client.post(
+            "/control/compaction/defer", headers=OP_HEADERS, json={"minutes": 30, "reason": "incident 42"}
+        )
         assert r.status_code == 200
         state = await h.state()
         assert state["compaction"]["deferred_until"] == pytest.approx(now + 1800)
         assert state["compaction"]["deferred_by"] == "alice"
         decided = (await h.client.post("/compaction/requests", json={"subtrees": ["cold-one"]})).json()
-        assert decided["deferred"] == ["cold-one"] and "operator deferral" in decided["decisions"][0]["reason"]
+        assert (
+            decided["deferred"] == ["cold-one"] and "operator deferral" in decided["decisions"][0]["reason"]
+        )
         assert (await h.client.post("/control/compaction/allow", headers=OP_HEADERS)).status_code == 200
         assert (await h.state())["compaction"]["deferred_until"] is None
         decided = (await h.client.post("/compaction/requests", json={"subtrees": ["cold-one"]})).json()
@@ -190,15 +245,27 @@ async def test_compaction_defer_and_allow(tmp_path: Path) -> None:
         h.cp.tick()
         assert (await h.state())["compaction"]["deferred_until"] is None
         # the dashboard sends `until` as Unix seconds
-        r = await h.client.post("/control/compaction/defer", headers=OP_HEADERS, json={"until": h.clock() + 60})
-        assert r.status_code == 200 and r.json()["compaction"]["deferred_until"] == pytest.approx(h.clock() + 60)
+        r = await h.client.post(
+            "/control/compaction/defer", headers=OP_HEADERS, json={"until": h.clock() + 60}
+        )
+        assert r.status_code == 200 and r.json()["compaction"]["deferred_until"] == pytest.approx(
+            h.clock() + 60
+        )
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({}, "until"), ({"minutes": 5, "until": "2999-01-01T00:00:00Z"}, "until"), ({"minutes": 0}, "minutes"),
-    ({"minutes": "NaN"}, "minutes"), ({"minutes": 1e9}, "minutes"), ({"until": "2001-01-01T00:00:00Z"}, "until"),
-    ({"until": "tomorrow"}, "until"), ({"minutes": 5, "extra": 1}, "extra"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "until"),
+        ({"minutes": 5, "until": "2999-01-01T00:00:00Z"}, "until"),
+        ({"minutes": 0}, "minutes"),
+        ({"minutes": "NaN"}, "minutes"),
+        ({"minutes": 1e9}, "minutes"),
+        ({"until": "2001-01-01T00:00:00Z"}, "until"),
+        ({"until": "tomorrow"}, "until"),
+        ({"minutes": 5, "extra": 1}, "extra"),
+    ],
+)
 async def test_invalid_deferrals_are_rejected(tmp_path: Path, body: dict[str, Any], field: str) -> None:
     async with sidecar(tmp_path) as h:
         r = await h.client.post("/control/compaction/defer", headers=OP_HEADERS, json=body)
@@ -247,9 +314,23 @@ async def test_compaction_requests_follow_warmth_and_regime_and_are_recorded(tmp
 async def test_openapi_schema_is_served(tmp_path: Path) -> None:
     async with sidecar(tmp_path) as h:
         schema = (await h.client.get("/openapi.json")).json()
-        for path in ("/state", "/sessions", "/subtrees", "/compaction/requests", "/compaction/decisions", "/audit",
-                     "/metrics", "/healthz", "/control/budgeter", "/control/sessions/{session_id}/park",
-                     "/control/sessions/{session_id}/unpark", "/control/compaction/defer",
-                     "/control/compaction/allow", "/sessions/{session_id}", "/v1/chat/completions",
-                     "/v1/completions", "/v1/models"):
+        for path in (
+            "/state",
+            "/sessions",
+            "/subtrees",
+            "/compaction/requests",
+            "/compaction/decisions",
+            "/audit",
+            "/metrics",
+            "/healthz",
+            "/control/budgeter",
+            "/control/sessions/{session_id}/park",
+            "/control/sessions/{session_id}/unpark",
+            "/control/compaction/defer",
+            "/control/compaction/allow",
+            "/sessions/{session_id}",
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/models",
+        ):
             assert path in schema["paths"], path

@@ -52,7 +52,9 @@ async def test_a_huge_max_tokens_does_not_freeze_admission(tmp_path: Path) -> No
         # the engine serves it: its budget was clamped to the context length, so others are still admitted
         assert (await h.chat("hog2", max_tokens=10**12)).status_code == 200
         hog2 = h.cp.budgeter.session("hog2")
-        assert hog2.demand_tokens <= 131_072 + hog2.context_tokens < 0.75 * 400_000  # the estimate vs the real prompt
+        assert (
+            hog2.demand_tokens <= 131_072 + hog2.context_tokens < 0.75 * 400_000
+        )  # the estimate vs the real prompt
         with anyio.fail_after(5):
             assert (await h.chat("after", max_tokens=16)).status_code == 200
 
@@ -65,13 +67,16 @@ async def test_a_prompt_larger_than_the_high_band_is_refused_with_a_clear_4xx(tm
         assert (await h.chat("small")).status_code == 200
 
 
-@pytest.mark.parametrize("usage", [
-    {"prompt_tokens": 10**30, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 3}},
-    {"prompt_tokens": -7, "completion_tokens": 5},
-    {"prompt_tokens": 10, "completion_tokens": 10**18},
-    {"prompt_tokens": "many", "completion_tokens": None},
-    {"prompt_tokens": 1e308, "completion_tokens": 1},
-])
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 10**30, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 3}},
+        {"prompt_tokens": -7, "completion_tokens": 5},
+        {"prompt_tokens": 10, "completion_tokens": 10**18},
+        {"prompt_tokens": "many", "completion_tokens": None},
+        {"prompt_tokens": 1e308, "completion_tokens": 1},
+    ],
+)
 async def test_out_of_range_engine_usage_never_enters_demand(tmp_path: Path, usage: dict[str, Any]) -> None:
     async with sidecar(tmp_path, pool_tokens=100_000) as h:
         r = await h.chat("s1", headers={"x-stub-usage": json.dumps(usage)})
@@ -86,8 +91,9 @@ async def test_out_of_range_engine_usage_never_enters_demand(tmp_path: Path, usa
 
 @pytest.mark.parametrize("session", ["tenant/agent", "a/b/c", "x.y", "v1.2/agent", "..x", "a..b/c"])
 @pytest.mark.parametrize("encoded", [False, True])
-async def test_session_ids_with_slashes_and_dots_can_be_controlled(tmp_path: Path, session: str,
-                                                                   encoded: bool) -> None:
+async def test_session_ids_with_slashes_and_dots_can_be_controlled(
+    tmp_path: Path, session: str, encoded: bool
+) -> None:
     async with sidecar(tmp_path, pool_tokens=100_000) as h:
         assert (await h.chat(session)).status_code == 200
         path = quote(session, safe="") if encoded else session
@@ -116,19 +122,43 @@ async def test_session_ids_urls_cannot_address_are_refused_at_the_proxy(tmp_path
 # ------------------------------------------------------------------------- item 6
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
-                                          None, "application/jsonx", "text/json"])
-@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/chat/completions"), ("POST", "/compaction/requests"),
-                                              ("PUT", "/control/budgeter"), ("POST", "/v1/embeddings")])
-async def test_non_json_bodies_get_415(tmp_path: Path, content_type: str | None, method: str, path: str) -> None:
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+        None,
+        "application/jsonx",
+        "text/json",
+    ],
+)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions"),
+        ("POST", "/compaction/requests"),
+        ("PUT", "/control/budgeter"),
+        ("POST", "/v1/embeddings"),
+    ],
+)
+async def test_non_json_bodies_get_415(
+    tmp_path: Path, content_type: str | None, method: str, path: str
+) -> None:
     async with sidecar(tmp_path) as h:
         headers = {**OP_HEADERS, **({"Content-Type": content_type} if content_type else {})}
         body = b'{"subtrees": ["a"], "mode": "off", "model": "stub-model", "messages": []}'
-        shaped(await h.client.request(method, path, content=body, headers=headers), 415, "unsupported_media_type")
+        shaped(
+            await h.client.request(method, path, content=body, headers=headers), 415, "unsupported_media_type"
+        )
         assert h.cp.budgeter.config.mode == "budgeter-park" and h.cp.decision_counts == {}
         assert h.engine.requests == 0
-        r = await h.client.request(method, path, content=body,
-                                   headers={**OP_HEADERS, "Content-Type": "application/json; charset=utf-8"})
+        r = await h.client.request(
+            method,
+            path,
+            content=body,
+            headers={**OP_HEADERS, "Content-Type": "application/json; charset=utf-8"},
+        )
         assert r.status_code != 415
 
 
@@ -155,20 +185,25 @@ async def test_client_token_guards_traffic_session_end_and_compaction_requests(t
     async with sidecar(tmp_path, client_token=client) as h:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             shaped(await h.chat("s1", headers=headers), 401, "unauthorized")
-            shaped(await h.client.post("/compaction/requests", json={"subtrees": ["a"]}, headers=headers), 401,
-                   "unauthorized")
+            shaped(
+                await h.client.post("/compaction/requests", json={"subtrees": ["a"]}, headers=headers),
+                401,
+                "unauthorized",
+            )
             shaped(await h.client.get("/v1/models", headers=headers), 401, "unauthorized")
         assert h.engine.requests == 0 and h.cp.decision_counts == {}
         for token in (client, OPERATOR):
             ok = {"Authorization": f"Bearer {token}"}
             assert (await h.chat("s1", headers=ok)).status_code == 200
-            assert (await h.client.post("/compaction/requests", json={"subtrees": ["a"]}, headers=ok)).status_code \
-                == 200
+            assert (
+                await h.client.post("/compaction/requests", json={"subtrees": ["a"]}, headers=ok)
+            ).status_code == 200
         assert (await h.client.get("/state")).status_code == 200  # reads follow the viewer token only
 
 
-@pytest.mark.parametrize("host", ["evil.example", "evil.example:8100", "127.0.0.2", "localhost.evil.example",
-                                  "[::2]", ""])
+@pytest.mark.parametrize(
+    "host", ["evil.example", "evil.example:8100", "127.0.0.2", "localhost.evil.example", "[::2]", ""]
+)
 async def test_unknown_host_headers_get_421(tmp_path: Path, host: str) -> None:
     async with sidecar(tmp_path) as h:
         for method, path in (("GET", "/state"), ("GET", "/metrics"), ("POST", "/v1/chat/completions")):
@@ -189,9 +224,15 @@ async def test_allowed_hosts_flag(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------- item 7
 
 
-@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/chat/completions"), ("PUT", "/control/budgeter"),
-                                              ("POST", "/compaction/requests"),
-                                              ("POST", "/control/sessions/s1/park")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/chat/completions"),
+        ("PUT", "/control/budgeter"),
+        ("POST", "/compaction/requests"),
+        ("POST", "/control/sessions/s1/park"),
+    ],
+)
 @pytest.mark.parametrize("depth", [1_000, 100_000])
 async def test_deeply_nested_json_is_a_shaped_400(tmp_path: Path, method: str, path: str, depth: int) -> None:
     async with sidecar(tmp_path, control_body_bytes=1_000_000) as h:
@@ -203,6 +244,7 @@ async def test_deeply_nested_json_is_a_shaped_400(tmp_path: Path, method: str, p
 
 async def test_chunked_oversize_control_bodies_get_the_documented_413(tmp_path: Path) -> None:
     async with sidecar(tmp_path, control_body_bytes=100) as h:
+
         async def chunks() -> Any:
             for _ in range(50):
                 yield b'{"mode": "off"' + b" " * 20 + b"}"
@@ -213,9 +255,15 @@ async def test_chunked_oversize_control_bodies_get_the_documented_413(tmp_path: 
         assert h.cp.budgeter.config.mode == "budgeter-park"
 
 
-@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/nope", 404), ("DELETE", "/state", 405),
-                                                        ("PATCH", "/control/budgeter", 405),
-                                                        ("GET", "/control/budgeter", 405)])
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/nope", 404),
+        ("DELETE", "/state", 405),
+        ("PATCH", "/control/budgeter", 405),
+        ("GET", "/control/budgeter", 405),
+    ],
+)
 async def test_starlette_errors_keep_the_shape(tmp_path: Path, method: str, path: str, status: int) -> None:
     async with sidecar(tmp_path) as h:
         r = await h.client.request(method, path, headers=OP_HEADERS)
@@ -234,11 +282,15 @@ async def test_max_sessions_evicts_the_oldest_idle_and_reports_it(tmp_path: Path
         ended = (await h.client.get("/sessions/s0")).json()
         assert ended["state"] == "ended" and ended["end_reason"] == "evicted"
         assert (await h.state())["backlog"]["total"] == 3
-        assert 'prefixops_sidecar_sessions_ended_total{reason="evicted"} 1.0' in (await h.client.get("/metrics")).text
+        assert (
+            'prefixops_sidecar_sessions_ended_total{reason="evicted"} 1.0'
+            in (await h.client.get("/metrics")).text
+        )
 
 
 async def test_a_slow_body_gets_408_after_the_read_timeout(tmp_path: Path) -> None:
     async with sidecar(tmp_path, read_timeout_s=0.3) as h:
+
         async def slow() -> Any:
             yield b'{"model": "stub-model", '
             await anyio.sleep(5)
@@ -282,8 +334,11 @@ async def test_fails_open_when_the_state_store_is_locked(tmp_path: Path) -> None
             locker.close()
         h.clock.advance(10)
         h.cp.tick()
-        assert (await h.client.get("/healthz")).json() == {**(await h.client.get("/healthz")).json(),
-                                                           "status": "ok", "reasons": []}
+        assert (await h.client.get("/healthz")).json() == {
+            **(await h.client.get("/healthz")).json(),
+            "status": "ok",
+            "reasons": [],
+        }
         r = await h.client.put("/control/budgeter", json={"mode": "off"}, headers=OP_HEADERS)
         assert r.status_code == 200
         rows = sqlite3.connect(h.settings.state_db).execute("SELECT id FROM sessions ORDER BY id").fetchall()
@@ -309,7 +364,10 @@ def test_slowloris_connections_are_closed_after_the_read_timeout(tmp_path: Path)
 
     from .test_process import sidecar_process, stub_engine
 
-    with stub_engine() as engine, sidecar_process(engine, tmp_path / "s.db", "--read-timeout", "1") as (base, _):
+    with (
+        stub_engine() as engine,
+        sidecar_process(engine, tmp_path / "s.db", "--read-timeout", "1") as (base, _),
+    ):
         port = int(base.rsplit(":", 1)[1])
         socks = []
         for _ in range(100):  # a partial request head each, never completed
@@ -363,11 +421,16 @@ def test_a_slow_body_is_cut_by_the_server(tmp_path: Path) -> None:
 
     from .test_process import sidecar_process, stub_engine
 
-    with stub_engine() as engine, sidecar_process(engine, tmp_path / "s.db", "--read-timeout", "1") as (base, _):
+    with (
+        stub_engine() as engine,
+        sidecar_process(engine, tmp_path / "s.db", "--read-timeout", "1") as (base, _),
+    ):
         port = int(base.rsplit(":", 1)[1])
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 100\r\n\r\n{\"model\": ")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"model": '
+        )
         started = time.monotonic()
         try:
             data = s.recv(1)

@@ -52,8 +52,10 @@ async def keep_alive_json(reader: asyncio.StreamReader, writer: asyncio.StreamWr
     while True:
         head, body = await read_request(reader)
         answer = b'{"echo": %d}' % len(body)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                     % (len(answer), answer))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(answer), answer)
+        )
         await writer.drain()
 
 
@@ -72,7 +74,9 @@ async def test_chunked_streaming_yields_chunks_as_they_arrive() -> None:
 
     async def sse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
         writer.write(b"d\r\ndata: first\n\n\r\n")
         await writer.drain()
         await release.wait()
@@ -94,7 +98,9 @@ async def test_chunked_streaming_yields_chunks_as_they_arrive() -> None:
 
 
 async def test_a_stale_keep_alive_connection_is_retried_once_on_a_fresh_one() -> None:
-    async def one_answer_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+    async def one_answer_then_close(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
         await writer.drain()
@@ -102,7 +108,10 @@ async def test_a_stale_keep_alive_connection_is_retried_once_on_a_fresh_one() ->
             await reader.read(1)  # the next request arrives on a connection about to close: no answer
 
     transport = EngineTransport()
-    async with server(one_answer_then_close) as (url, conns), httpx.AsyncClient(transport=transport) as client:
+    async with (
+        server(one_answer_then_close) as (url, conns),
+        httpx.AsyncClient(transport=transport) as client,
+    ):
         assert (await client.post(url, content=b"1")).text == "ok"
         assert (await client.post(url, content=b"2")).text == "ok"
         assert len(conns) == 2
@@ -124,7 +133,10 @@ async def test_read_timeout_and_broken_body() -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly-this")
         await writer.drain()
 
-    async with server(silent) as (url, _), httpx.AsyncClient(transport=EngineTransport(), timeout=0.2) as client:
+    async with (
+        server(silent) as (url, _),
+        httpx.AsyncClient(transport=EngineTransport(), timeout=0.2) as client,
+    ):
         with pytest.raises(httpx.ReadTimeout):
             await client.post(url, content=b"x")
     async with server(short_body) as (url, _), httpx.AsyncClient(transport=EngineTransport()) as client:
@@ -156,11 +168,13 @@ async def test_connection_close_and_bodiless_responses() -> None:
 async def test_head_split_across_reads_1xx_skipped_and_chunked_trailers() -> None:
     async def dribble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
-        wire = (b"HTTP/1.1 100 Continue\r\n\r\n"
-                b"HTTP/1.1 201 Created\r\nx-a: 1\r\ntransfer-encoding: chunked\r\n\r\n"
-                b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: t\r\n\r\n")
+        wire = (
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 201 Created\r\nx-a: 1\r\ntransfer-encoding: chunked\r\n\r\n"
+            b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nx-trailer: t\r\n\r\n"
+        )
         for i in range(0, len(wire), 7):
-            writer.write(wire[i:i + 7])
+            writer.write(wire[i : i + 7])
             await writer.drain()
             await asyncio.sleep(0)
         await keep_alive_json(reader, writer, n)
@@ -203,8 +217,11 @@ async def test_malformed_head_and_broken_chunked_body_are_protocol_errors() -> N
     async with server(garbage) as (url, _), httpx.AsyncClient(transport=EngineTransport()) as client:
         with pytest.raises(httpx.RemoteProtocolError):
             await client.post(url, content=b"x")
-    async with (server(cut_chunked) as (url, _), httpx.AsyncClient(transport=EngineTransport()) as client,
-                client.stream("POST", url, content=b"x") as r):
+    async with (
+        server(cut_chunked) as (url, _),
+        httpx.AsyncClient(transport=EngineTransport()) as client,
+        client.stream("POST", url, content=b"x") as r,
+    ):
         chunks = r.aiter_raw()
         assert await chunks.__anext__() == b"hello"
         with pytest.raises(httpx.RemoteProtocolError):
@@ -214,8 +231,9 @@ async def test_malformed_head_and_broken_chunked_body_are_protocol_errors() -> N
 async def test_chunks_arriving_together_are_still_yielded_one_by_one() -> None:
     async def burst(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
-                     b"3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\none\r\n3\r\ntwo\r\n0\r\n\r\n"
+        )
         await writer.drain()
         await keep_alive_json(reader, writer, n)
 

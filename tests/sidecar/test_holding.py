@@ -28,6 +28,7 @@ class Results:
         async def run() -> None:
             r = await h.chat(session, **kw)
             self.done.append((session, r.status_code))
+
         tg.start_soon(run)
 
 
@@ -92,7 +93,9 @@ async def test_parked_sessions_are_released_fifo_before_new_sessions(tmp_path: P
             h.clock.advance(1)
             results.spawn(tg, h, "s4", max_tokens=10)  # new: waits behind the parked session
             await settle(lambda: held(h) == 2, "s4 waiting")
-            assert (await h.state())["backlog"]["parked"] == 1 and (await h.state())["backlog"]["waiting"] == 1
+            assert (await h.state())["backlog"]["parked"] == 1 and (await h.state())["backlog"][
+                "waiting"
+            ] == 1
             h.cp.release()  # demand without s3 is under the low band: s3 first, and s4 no longer fits
             await settle(lambda: len(results.done) == 1, "s3 forwarded")
             assert results.done == [("s3", 200)]
@@ -203,7 +206,9 @@ OPS = st.lists(
         st.tuples(st.just("end"), st.integers(0, 5)),
         st.tuples(st.just("park"), st.integers(0, 5)),
         st.tuples(st.just("unpark"), st.integers(0, 5), st.booleans()),
-        st.tuples(st.just("release"),),
+        st.tuples(
+            st.just("release"),
+        ),
     ),
     max_size=40,
 )
@@ -315,7 +320,9 @@ def run_property(ops: list[tuple[Any, ...]], pool: int) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(OPS, st.sampled_from([500, 2000, 100_000]))
-def test_property_no_held_turn_is_stranded_and_demand_never_negative(ops: list[tuple[Any, ...]], pool: int) -> None:
+def test_property_no_held_turn_is_stranded_and_demand_never_negative(
+    ops: list[tuple[Any, ...]], pool: int
+) -> None:
     run_property(ops, pool)
 
 
@@ -328,12 +335,16 @@ async def test_demand_is_context_or_prompt_in_flight_plus_output_budget(tmp_path
         assert (await h.state())["budgeter"]["demand_tokens"] == expected
         async with anyio.create_task_group() as tg:
             # a turn in flight whose prompt (~2,500 tokens at 4 characters each) exceeds the last context
-            tg.start_soon(lambda: h.chat("a", content="x" * 10_000, max_tokens=50,
-                                         headers={"x-stub-delay-ms": "150"}))
+            tg.start_soon(
+                lambda: h.chat("a", content="x" * 10_000, max_tokens=50, headers={"x-stub-delay-ms": "150"})
+            )
             await settle(lambda: h.cp.in_flight == 1, "a in flight")
             in_flight = h.cp.budgeter.session("a")
             assert in_flight.inflight_prompt >= 2500
-            assert h.cp.budgeter.demand_tokens() == in_flight.inflight_prompt + 50 + sessions["b"]["context_tokens"] + 1024
+            assert (
+                h.cp.budgeter.demand_tokens()
+                == in_flight.inflight_prompt + 50 + sessions["b"]["context_tokens"] + 1024
+            )
 
 
 async def test_pool_comes_from_the_engine_and_is_refreshed(tmp_path: Path) -> None:
@@ -361,8 +372,9 @@ async def test_without_a_pool_size_the_bands_do_not_act(tmp_path: Path) -> None:
 
 async def test_session_cap_park_mode_caps_admitted_sessions(tmp_path: Path) -> None:
     async with sidecar(tmp_path, pool_tokens=1_000_000) as h:
-        r = await h.client.put("/control/budgeter", headers=OP_HEADERS, json={"mode": "session-cap-park",
-                                                                               "session_cap": 1})
+        r = await h.client.put(
+            "/control/budgeter", headers=OP_HEADERS, json={"mode": "session-cap-park", "session_cap": 1}
+        )
         assert r.status_code == 200
         await h.chat("first")
         results = Results()

@@ -17,15 +17,23 @@ from .conftest import OP_HEADERS, sidecar
 pytestmark = pytest.mark.anyio
 
 REQUIRED = {
-    "prefixops_sidecar_known_prompt_tokens_total": "counter", "prefixops_sidecar_known_cached_tokens_total": "counter",
-    "prefixops_sidecar_known_turns_total": "counter", "prefixops_sidecar_hit_turns_total": "counter",
-    "prefixops_sidecar_parks_total": "counter", "prefixops_sidecar_unparks_total": "counter",
-    "prefixops_sidecar_compaction_deferrals_total": "counter", "prefixops_sidecar_engine_errors_total": "counter",
-    "prefixops_sidecar_oldest_waiting_seconds": "gauge", "prefixops_sidecar_oldest_parked_seconds": "gauge",
-    "prefixops_sidecar_demand_tokens": "gauge", "prefixops_sidecar_pool_tokens": "gauge",
-    "prefixops_sidecar_band_low": "gauge", "prefixops_sidecar_band_high": "gauge",
+    "prefixops_sidecar_known_prompt_tokens_total": "counter",
+    "prefixops_sidecar_known_cached_tokens_total": "counter",
+    "prefixops_sidecar_known_turns_total": "counter",
+    "prefixops_sidecar_hit_turns_total": "counter",
+    "prefixops_sidecar_parks_total": "counter",
+    "prefixops_sidecar_unparks_total": "counter",
+    "prefixops_sidecar_compaction_deferrals_total": "counter",
+    "prefixops_sidecar_engine_errors_total": "counter",
+    "prefixops_sidecar_oldest_waiting_seconds": "gauge",
+    "prefixops_sidecar_oldest_parked_seconds": "gauge",
+    "prefixops_sidecar_demand_tokens": "gauge",
+    "prefixops_sidecar_pool_tokens": "gauge",
+    "prefixops_sidecar_band_low": "gauge",
+    "prefixops_sidecar_band_high": "gauge",
     "prefixops_sidecar_sessions": "gauge",
-    "prefixops_sidecar_admission_wait_seconds": "histogram", "prefixops_sidecar_park_duration_seconds": "histogram",
+    "prefixops_sidecar_admission_wait_seconds": "histogram",
+    "prefixops_sidecar_park_duration_seconds": "histogram",
 }
 
 
@@ -46,7 +54,8 @@ def test_required_names_are_declared_with_their_types() -> None:
 
 def test_metrics_doc_is_generated_from_the_definitions() -> None:
     assert Path(REPO, "docs", "sidecar-metrics.md").read_text() == metrics_table(), (
-        "docs/sidecar-metrics.md drifted: run python -m sidecar.metrics > docs/sidecar-metrics.md")
+        "docs/sidecar-metrics.md drifted: run python -m sidecar.metrics > docs/sidecar-metrics.md"
+    )
 
 
 async def test_rt_rr_counters_parks_and_histograms(tmp_path: Path) -> None:
@@ -63,7 +72,10 @@ async def test_rt_rr_counters_parks_and_histograms(tmp_path: Path) -> None:
         assert cached > 0 and first["prompt_tokens_details"]["cached_tokens"] == 0
         assert v["prefixops_sidecar_known_turns_total"] == 2
         assert v["prefixops_sidecar_hit_turns_total"] == 1
-        assert v["prefixops_sidecar_known_prompt_tokens_total"] == first["prompt_tokens"] + second["prompt_tokens"]
+        assert (
+            v["prefixops_sidecar_known_prompt_tokens_total"]
+            == first["prompt_tokens"] + second["prompt_tokens"]
+        )
         assert v["prefixops_sidecar_known_cached_tokens_total"] == cached
         assert v["prefixops_sidecar_oldest_parked_seconds"] == 0 and v["prefixops_sidecar_parks_total"] == 0
         # an operator park, 30 s parked, then its next turn is held until the unpark
@@ -89,4 +101,6 @@ async def test_rt_rr_counters_parks_and_histograms(tmp_path: Path) -> None:
         assert v["prefixops_sidecar_admission_wait_seconds_sum"] == 4
         await h.client.post("/compaction/requests", json={"subtrees": ["x"], "urgency": "normal"})
         state = await h.state()
-        assert state["backlog"]["park_time_s"]["max"] == 34 and state["backlog"]["time_to_admit_s"]["p50"] == 4
+        assert (
+            state["backlog"]["park_time_s"]["max"] == 34 and state["backlog"]["time_to_admit_s"]["p50"] == 4
+        )

@@ -37,5 +37,11 @@ def test_model_names_beyond_the_cap_share_one_row() -> None:
     assert counters.models["(other)"].turns == 6  # five names past the cap, and the request with none
     assert counters.models["(other)"].errors == 1
     assert counters.models["m0"].doc() == {
-        "turns_total": 1, "errors_total": 0, "prompt_tokens_total": 100, "cached_tokens_total": 50,
-        "completion_tokens_total": 10, "token_weighted": 0.5, "mean_latency_s": 0.5}
+        "turns_total": 1,
+        "errors_total": 0,
+        "prompt_tokens_total": 100,
+        "cached_tokens_total": 50,
+        "completion_tokens_total": 10,
+        "token_weighted": 0.5,
+        "mean_latency_s": 0.5,
+    }

@@ -15,9 +15,13 @@ from sidecar.openai_payload import (
 
 
 def test_estimate_counts_characters_and_token_ids() -> None:
-    payload = {"messages": [{"role": "system", "content": "abcd" * 10},
-                            {"role": "user", "content": [{"type": "text", "text": "xyz"}, {"type": "image"}]},
-                            "not-a-message"]}
+    payload = {
+        "messages": [
+            {"role": "system", "content": "abcd" * 10},
+            {"role": "user", "content": [{"type": "text", "text": "xyz"}, {"type": "image"}]},
+            "not-a-message",
+        ]
+    }
     assert estimate_prompt_tokens(payload, 4.0) == 11  # ceil(43 / 4)
     assert estimate_prompt_tokens({"prompt": [1, 2, 3, [4, 5], "abcdefgh"]}, 4.0) == 7
     assert estimate_prompt_tokens({"prompt": "abc"}, 2.0) == 2
@@ -42,8 +46,9 @@ def test_subtree_from_header_or_system_prompt() -> None:
 
 
 def test_usage_numbers() -> None:
-    assert usage_numbers({"prompt_tokens": 10, "completion_tokens": 2,
-                          "prompt_tokens_details": {"cached_tokens": 8}}) == (10, 8, 2)
+    assert usage_numbers(
+        {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}
+    ) == (10, 8, 2)
     assert usage_numbers({"prompt_tokens": 10, "completion_tokens": 2}) == (10, None, 2)
     assert usage_numbers({"prompt_tokens": float("inf"), "completion_tokens": True}) == (None, None, None)
     assert usage_numbers("nope") == (None, None, None)
@@ -64,10 +69,13 @@ def _event(data: object) -> bytes:
 
 def test_sse_reframer_joins_split_events_and_strips_injected_usage() -> None:
     usage = {"prompt_tokens": 3, "completion_tokens": 1}
-    stream = _event({"choices": [{"delta": {"content": "hi"}}], "usage": None}) + \
-        _event({"choices": [], "usage": usage}) + b"data: [DONE]\n\n"
+    stream = (
+        _event({"choices": [{"delta": {"content": "hi"}}], "usage": None})
+        + _event({"choices": [], "usage": usage})
+        + b"data: [DONE]\n\n"
+    )
     frames = SseReframer(strip_usage=True)
-    out = b"".join(frames.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + frames.tail()
+    out = b"".join(frames.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)) + frames.tail()
     assert frames.done and frames.usage == usage
     assert out == _event({"choices": [{"delta": {"content": "hi"}}]}) + b"data: [DONE]\n\n"
     keep = SseReframer(strip_usage=False)

@@ -28,19 +28,26 @@ INFO = "# TYPE vllm:cache_config_info gauge\n"
 
 
 def test_vllm_falls_back_to_blocks_times_block_size() -> None:
-    text = INFO + 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="None",num_gpu_blocks="760"} 1.0\n'
+    text = (
+        INFO
+        + 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="None",num_gpu_blocks="760"} 1.0\n'
+    )
     assert pool_tokens_from_text(text) == (12160, "vllm")
 
 
 def test_vllm_data_parallel_engines_add_up() -> None:
-    text = INFO + "".join(f'vllm:cache_config_info{{engine="{e}",block_size="16",num_gpu_blocks="100"}} 1.0\n'
-                          for e in range(4))
+    text = INFO + "".join(
+        f'vllm:cache_config_info{{engine="{e}",block_size="16",num_gpu_blocks="100"}} 1.0\n' for e in range(4)
+    )
     assert pool_tokens_from_text(text) == (6400, "vllm")
 
 
 def test_sglang_tensor_parallel_ranks_share_one_pool_per_dp_rank() -> None:
     text = "# TYPE sglang:max_total_num_tokens gauge\n" + "".join(
-        f'sglang:max_total_num_tokens{{dp_rank="{dp}",tp_rank="{tp}"}} 1000.0\n' for dp in range(2) for tp in range(4))
+        f'sglang:max_total_num_tokens{{dp_rank="{dp}",tp_rank="{tp}"}} 1000.0\n'
+        for dp in range(2)
+        for tp in range(4)
+    )
     assert pool_tokens_from_text(text) == (2000, "sglang")
 
 

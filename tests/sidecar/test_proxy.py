@@ -28,7 +28,7 @@ def sse_events(text: str) -> list[Any]:
         if not block:
             continue
         assert block.startswith("data: "), block
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -91,11 +91,17 @@ async def test_stream_with_include_usage_passes_the_usage_chunk(tmp_path: Path) 
 
 async def test_completions_endpoint_and_models(tmp_path: Path) -> None:
     async with sidecar(tmp_path) as h:
-        r = await h.client.post("/v1/completions", json={"model": "stub-model", "prompt": "x" * 400,
-                                                         "max_tokens": 4}, headers={"X-Session-Id": "c1"})
+        r = await h.client.post(
+            "/v1/completions",
+            json={"model": "stub-model", "prompt": "x" * 400, "max_tokens": 4},
+            headers={"X-Session-Id": "c1"},
+        )
         assert r.status_code == 200 and r.json()["object"] == "text_completion"
-        r = await h.client.post("/v1/completions", json={"model": "stub-model", "prompt": "x" * 400,
-                                                         "stream": True}, headers={"X-Session-Id": "c1"})
+        r = await h.client.post(
+            "/v1/completions",
+            json={"model": "stub-model", "prompt": "x" * 400, "stream": True},
+            headers={"X-Session-Id": "c1"},
+        )
         events = sse_events(r.text)
         assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
         models = await h.client.get("/v1/models")
@@ -107,7 +113,9 @@ async def test_client_authorization_header_reaches_the_engine_untouched(tmp_path
     async with sidecar(tmp_path) as h:
         await h.chat("s1", headers={"Authorization": "Bearer sk-client-key"})
         assert h.engine.seen_headers[-1]["authorization"] == "Bearer sk-client-key"
-        assert h.engine.seen_headers[-1]["x-session-id"] == "s1"  # for session-affinity routers and sim: truth
+        assert (
+            h.engine.seen_headers[-1]["x-session-id"] == "s1"
+        )  # for session-affinity routers and sim: truth
 
 
 async def test_engine_errors_pass_through_and_leave_context_unchanged(tmp_path: Path) -> None:
@@ -120,18 +128,30 @@ async def test_engine_errors_pass_through_and_leave_context_unchanged(tmp_path: 
         assert after["context_tokens"] == before["context_tokens"] and after["turns"] == before["turns"]
         assert after["failed_turns"] == 1 and after["in_flight"] == 0
         unknown_model = await h.chat("s1", model="nope")
-        assert unknown_model.status_code == 404 and "does not exist" in unknown_model.json()["error"]["message"]
+        assert (
+            unknown_model.status_code == 404 and "does not exist" in unknown_model.json()["error"]["message"]
+        )
 
 
 async def test_engine_down_is_a_clear_502_not_a_hang(tmp_path: Path) -> None:
-    settings = Settings(engine=f"http://127.0.0.1:{free_port()}", state_db=str(tmp_path / "down.db"),
-                        tick_s=3600, pool_refresh_s=3600)
+    settings = Settings(
+        engine=f"http://127.0.0.1:{free_port()}",
+        state_db=str(tmp_path / "down.db"),
+        tick_s=3600,
+        pool_refresh_s=3600,
+    )
     app = create_app(settings, store=Store(settings.state_db))
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://localhost") as client,
+    ):
         for stream in (False, True):
-            r = await client.post("/v1/chat/completions", headers={"X-Session-Id": "s1"},
-                                  json={"model": "m", "messages": [], "stream": stream})
+            r = await client.post(
+                "/v1/chat/completions",
+                headers={"X-Session-Id": "s1"},
+                json={"model": "m", "messages": [], "stream": stream},
+            )
             assert r.status_code == 502
             assert r.json()["error"]["type"] == "engine_unavailable"
             assert "unreachable" in r.json()["error"]["message"]
@@ -161,8 +181,9 @@ async def test_unknown_cached_tokens_count_as_unknown_with_a_warning(tmp_path: P
         state = await h.state()
         assert state["reuse"]["unknown_turns"] == 3 and state["reuse"]["known_turns"] == 0
         assert state["reuse"]["token_weighted"] is None and state["reuse"]["request_weighted"] is None
-        assert any("--enable-prompt-tokens-details" in w and "--enable-cache-report" in w
-                   for w in state["warnings"])
+        assert any(
+            "--enable-prompt-tokens-details" in w and "--enable-cache-report" in w for w in state["warnings"]
+        )
 
 
 async def test_unsessioned_requests_are_measured_count_in_demand_and_are_never_held(tmp_path: Path) -> None:
@@ -208,7 +229,10 @@ async def test_idle_sessions_end_but_manual_parks_never_expire(tmp_path: Path) -
         assert (await h.client.post("/control/sessions/kept/park", headers=OP_HEADERS)).status_code == 200
         h.clock.advance(599)
         h.cp.tick()
-        assert {s["id"] for s in (await h.client.get("/sessions?include_ended=false")).json()} == {"idle", "kept"}
+        assert {s["id"] for s in (await h.client.get("/sessions?include_ended=false")).json()} == {
+            "idle",
+            "kept",
+        }
         h.clock.advance(2)
         h.cp.tick()
         live = (await h.client.get("/sessions?include_ended=false")).json()
@@ -228,8 +252,7 @@ async def test_subtrees_from_prefix_header_or_system_message(tmp_path: Path) -> 
         await h.chat("p", headers={"X-Prefix-Id": "rag-docs-7"})
         subtrees = {s["id"]: s for s in (await h.client.get("/subtrees")).json()}
         assert "rag-docs-7" in subtrees and subtrees["rag-docs-7"]["turns"] == 1
-        [sys_tree] = [s for sid, s in subtrees.items() if sid.startswith("sys-")
-                      and s["turns"] == 4]
+        [sys_tree] = [s for sid, s in subtrees.items() if sid.startswith("sys-") and s["turns"] == 4]
         assert sys_tree["recent_hits"] == 3 and sys_tree["warm"] is True
         assert sys_tree["cached_tokens"] > 0 and 0 < sys_tree["token_weighted"] < 1
 
@@ -238,7 +261,9 @@ async def test_body_limits_and_bad_bodies(tmp_path: Path) -> None:
     async with sidecar(tmp_path, max_body_bytes=2000, control_body_bytes=100) as h:
         r = await h.chat("s1", content="x" * 5000)
         assert r.status_code == 413 and r.json()["error"]["type"] == "body_too_large"
-        r = await h.client.put("/control/budgeter", headers=OP_HEADERS, content=b'{"mode": "off"' + b" " * 200 + b"}")
+        r = await h.client.put(
+            "/control/budgeter", headers=OP_HEADERS, content=b'{"mode": "off"' + b" " * 200 + b"}"
+        )
         assert r.status_code == 413
         assert h.cp.budgeter.config.mode == "budgeter-park"
         json_type = {"Content-Type": "application/json"}  # other content types get 415 (issue 11 item 6)
@@ -258,15 +283,28 @@ async def test_metrics_are_prometheus_text(tmp_path: Path) -> None:
         await h.client.post("/compaction/requests", json={"subtrees": ["a"], "reason": "nightly"})
         text = (await h.client.get("/metrics")).text
         families = {f.name: f for f in text_string_to_metric_families(text)}
-        for name in ("reuse_token_weighted", "reuse_request_weighted", "reuse_divergence", "regime_thin_reuse",
-                     "demand_tokens", "pool_tokens", "band_low", "band_high", "sessions", "held_requests",
-                     "compaction_decisions", "mode", "requests"):
+        for name in (
+            "reuse_token_weighted",
+            "reuse_request_weighted",
+            "reuse_divergence",
+            "regime_thin_reuse",
+            "demand_tokens",
+            "pool_tokens",
+            "band_low",
+            "band_high",
+            "sessions",
+            "held_requests",
+            "compaction_decisions",
+            "mode",
+            "requests",
+        ):
             assert f"prefixops_sidecar_{name}" in families, name
         sessions = {s.labels["state"]: s.value for s in families["prefixops_sidecar_sessions"].samples}
         assert sessions == {"admitted": 1.0, "parked": 0.0, "waiting": 0.0}
         assert families["prefixops_sidecar_pool_tokens"].samples[0].value == 50_000
-        decisions = [s for s in families["prefixops_sidecar_compaction_decisions"].samples
-                     if s.name.endswith("_total")]
+        decisions = [
+            s for s in families["prefixops_sidecar_compaction_decisions"].samples if s.name.endswith("_total")
+        ]
         assert decisions[0].labels == {"decision": "granted", "urgency": "normal"} and decisions[0].value == 1
 
 

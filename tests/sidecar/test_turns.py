@@ -45,7 +45,7 @@ async def test_every_turn_is_recorded_without_prompt_content(tmp_path: Path) -> 
         h.cp.flush_turns()
     with sqlite3.connect(tmp_path / "sidecar.db") as db:
         dump = "\n".join(db.iterdump())
-    assert "INSERT INTO \"turns\"" in dump and "secret" not in dump and "no session" not in dump
+    assert 'INSERT INTO "turns"' in dump and "secret" not in dump and "no session" not in dump
 
 
 async def test_held_and_parked_time_and_refused_holds_are_traced(tmp_path: Path) -> None:

@@ -100,11 +100,20 @@ async def test_sessions_page_and_incremental_reads(tmp_path: Path) -> None:
         seen = [s.id for s in page.sessions]
         while page.next is not None:
             page = wire.SessionsPage.model_validate(
-                (await h.client.get("/sessions", params={"limit": 2, "cursor": page.next}, headers=OP_HEADERS)).json())
+                (
+                    await h.client.get(
+                        "/sessions", params={"limit": 2, "cursor": page.next}, headers=OP_HEADERS
+                    )
+                ).json()
+            )
             seen += [s.id for s in page.sessions]
         assert seen == ["s0", "s1", "s2", "s3", "s4"]
-        mark = max(s.updated_at or 0 for s in wire.SessionsPage.model_validate(
-            (await h.client.get("/sessions", params={"limit": 100}, headers=OP_HEADERS)).json()).sessions)
+        mark = max(
+            s.updated_at or 0
+            for s in wire.SessionsPage.model_validate(
+                (await h.client.get("/sessions", params={"limit": 100}, headers=OP_HEADERS)).json()
+            ).sessions
+        )
         # nothing changed: an incremental read is empty
         empty = (await h.client.get("/sessions", params={"updated_after": mark}, headers=OP_HEADERS)).json()
         assert empty == {"sessions": [], "next": None}
@@ -117,8 +126,16 @@ async def test_sessions_page_and_incremental_reads(tmp_path: Path) -> None:
         assert changed["next"] is None
 
 
-@pytest.mark.parametrize("params", [{"cursor": "garbage"}, {"cursor": "nan:x"}, {"limit": 0},
-                                    {"updated_after": "inf"}, {"state": "sleeping"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"cursor": "garbage"},
+        {"cursor": "nan:x"},
+        {"limit": 0},
+        {"updated_after": "inf"},
+        {"state": "sleeping"},
+    ],
+)
 async def test_sessions_bad_paging_parameters_are_422(tmp_path: Path, params: dict[str, Any]) -> None:
     async with sidecar(tmp_path) as h:
         r = await h.client.get("/sessions", params=params, headers=OP_HEADERS)

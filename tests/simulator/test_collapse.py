@@ -14,8 +14,10 @@ MINUTES = 35
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict]:
     # "off" runs the full 90 minutes: the criteria are judged at minute 90 (a fast-mode run takes < 1 s)
-    return {control: run_scenario("agent-burst", control, SEED, 90 if control == "off" else MINUTES)
-            for control in ("off", "admission-only", "budgeter-park", "session-cap-park")}
+    return {
+        control: run_scenario("agent-burst", control, SEED, 90 if control == "off" else MINUTES)
+        for control in ("off", "admission-only", "budgeter-park", "session-cap-park")
+    }
 
 
 def test_the_burst_collapses_the_engine_and_nothing_recovers_without_parking(runs: dict[str, dict]) -> None:

@@ -19,9 +19,12 @@ def content(name: str, shared: int = 0) -> SegmentContent:
     return SegmentContent([*segs, (("s", name), 1 << 30)])
 
 
-def request(name: str, prompt: int, out: int, at: float = 0.0, shared: int = 0,
-            c: SegmentContent | None = None) -> Request:
-    return Request(id=name, content=c or content(name, shared), prompt_tokens=prompt, max_tokens=out, arrival=at)
+def request(
+    name: str, prompt: int, out: int, at: float = 0.0, shared: int = 0, c: SegmentContent | None = None
+) -> Request:
+    return Request(
+        id=name, content=c or content(name, shared), prompt_tokens=prompt, max_tokens=out, arrival=at
+    )
 
 
 def drain(engine: Engine, limit: float = 1e6) -> list[Request]:

@@ -22,18 +22,50 @@ from simulator.forecast_run import run_forecast
 NOW = 10_000.0
 
 
-def turn(id_: int, ts: float, session: str, prompt: int, cached: int, completion: int, latency: float = 1.0,
-         held: float = 0.0, outcome: str = "ok") -> dict:
-    return {"id": id_, "ts": ts, "session": session, "prompt_tokens": prompt, "cached_tokens": cached,
-            "completion_tokens": completion, "held_s": held, "latency_s": latency, "outcome": outcome}
+def turn(
+    id_: int,
+    ts: float,
+    session: str,
+    prompt: int,
+    cached: int,
+    completion: int,
+    latency: float = 1.0,
+    held: float = 0.0,
+    outcome: str = "ok",
+) -> dict:
+    return {
+        "id": id_,
+        "ts": ts,
+        "session": session,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "completion_tokens": completion,
+        "held_s": held,
+        "latency_s": latency,
+        "outcome": outcome,
+    }
 
 
 def test_start_sessions_keeps_the_budgeter_states_with_context_turns_and_time_parked() -> None:
     rows = [
-        {"session_id": "b", "state": "parked", "context_tokens": 5000, "turns": 3, "manual": True, "pinned": False,
-         "data": {"parked_since": NOW - 40.0}},
-        {"session_id": "a", "state": "admitted", "context_tokens": 7000.0, "turns": 5, "manual": None,
-         "pinned": True, "data": None},
+        {
+            "session_id": "b",
+            "state": "parked",
+            "context_tokens": 5000,
+            "turns": 3,
+            "manual": True,
+            "pinned": False,
+            "data": {"parked_since": NOW - 40.0},
+        },
+        {
+            "session_id": "a",
+            "state": "admitted",
+            "context_tokens": 7000.0,
+            "turns": 5,
+            "manual": None,
+            "pinned": True,
+            "data": None,
+        },
         {"session_id": "c", "state": "waiting", "context_tokens": None, "turns": 0, "data": {}},
         {"session_id": "d", "state": "ended", "context_tokens": 1, "turns": 1, "data": {}},
     ]
@@ -61,16 +93,33 @@ def test_shapes_from_turns_exact() -> None:
         turn(8, NOW + 5.0, "live", 1, 0, 1),  # after now
     ]
     shapes = shapes_from_turns(rows, NOW, present=["live"])
-    assert shapes == Shapes(arrival_rate=2 / 1800.0, first_prompts=(4000, 2500), extras=(350, 300),
-                            outputs=(80, 50, 60, 120), gaps=(4.0, 107.0), session_turns=(2,), shared_prefix=1500,
-                            turns_seen=4)
+    assert shapes == Shapes(
+        arrival_rate=2 / 1800.0,
+        first_prompts=(4000, 2500),
+        extras=(350, 300),
+        outputs=(80, 50, 60, 120),
+        gaps=(4.0, 107.0),
+        session_turns=(2,),
+        shared_prefix=1500,
+        turns_seen=4,
+    )
 
 
 def test_cost_from_fit_reads_the_cost_keys_and_names_a_bad_value() -> None:
-    fit = {"step_overhead_s": "0.01", "prefill_per_token_s": "2e-05", "decode_per_ctx_token_s": "1e-08",
-           "pool_tokens": "20480", "block_size": "16"}
-    assert cost_from_fit(fit) == CostModel(step_overhead_s=0.01, prefill_per_token_s=2e-05, prefill_attention_s=0.0,
-                                           decode_per_ctx_token_s=1e-08, offload_load_per_token_s=0.0)
+    fit = {
+        "step_overhead_s": "0.01",
+        "prefill_per_token_s": "2e-05",
+        "decode_per_ctx_token_s": "1e-08",
+        "pool_tokens": "20480",
+        "block_size": "16",
+    }
+    assert cost_from_fit(fit) == CostModel(
+        step_overhead_s=0.01,
+        prefill_per_token_s=2e-05,
+        prefill_attention_s=0.0,
+        decode_per_ctx_token_s=1e-08,
+        offload_load_per_token_s=0.0,
+    )
     with pytest.raises(ForecastError, match=r"fit: prefill_per_token_s='x' is not a number"):
         cost_from_fit({"prefill_per_token_s": "x"})
     with pytest.raises(ForecastError, match="no cost-model setting"):
@@ -81,9 +130,16 @@ def test_cost_from_latencies_recovers_an_exact_linear_model() -> None:
     t0, gamma, alpha = 0.005, 2e-8, 3e-5
     samples = []
     for running, plen, hit in ((2, 4000, 0.5), (4, 8000, 0.9), (8, 6000, 0.0), (3, 1000, 0.25)):
-        samples.append({"itl_p50": t0 + gamma * running * plen, "requests_running": running,
-                        "prompt_len_p50": plen, "engine_hit_ratio": hit, "queue_time_p50": 0.5,
-                        "ttft_p50": 0.5 + t0 + alpha * plen * (1 - hit)})
+        samples.append(
+            {
+                "itl_p50": t0 + gamma * running * plen,
+                "requests_running": running,
+                "prompt_len_p50": plen,
+                "engine_hit_ratio": hit,
+                "queue_time_p50": 0.5,
+                "ttft_p50": 0.5 + t0 + alpha * plen * (1 - hit),
+            }
+        )
     cost = cost_from_latencies(samples)
     assert cost.step_overhead_s == pytest.approx(t0, rel=1e-9)
     assert cost.decode_per_ctx_token_s == pytest.approx(gamma, rel=1e-9)
@@ -102,44 +158,83 @@ def _recorded() -> tuple[list[dict], list[dict]]:
             rows.append(turn(k, ts, f"s{s}", prompt, prompt - 600, 150, latency=0.8))
             prompt += 750
             ts += 3.0
-    sessions = [{"session_id": f"s{s}", "state": "admitted" if s < 19 else "parked", "context_tokens": 12000,
-                 "turns": 9, "data": {"parked_since": NOW - 10}} for s in (18, 19)]
+    sessions = [
+        {
+            "session_id": f"s{s}",
+            "state": "admitted" if s < 19 else "parked",
+            "context_tokens": 12000,
+            "turns": 9,
+            "data": {"parked_since": NOW - 10},
+        }
+        for s in (18, 19)
+    ]
     return rows, sessions
 
 
 def test_forecast_inputs_take_only_the_collectors_data() -> None:
     rows, sessions = _recorded()
-    inputs = forecast_inputs(pool_tokens=100_000, session_rows=sessions, turn_rows=rows, latency_samples=[],
-                             fit={"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5", "block_size": "32"},
-                             current=BudgeterConfig(mode="off"), now=NOW)
+    inputs = forecast_inputs(
+        pool_tokens=100_000,
+        session_rows=sessions,
+        turn_rows=rows,
+        latency_samples=[],
+        fit={"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5", "block_size": "32"},
+        current=BudgeterConfig(mode="off"),
+        now=NOW,
+    )
     assert (inputs.engine.pool_tokens, inputs.engine.block_size, inputs.cost_source) == (100_000, 32, "fit")
     assert inputs.output_budget == BudgeterConfig().default_output_budget
     assert inputs.shapes.arrival_rate == 20 / 1800.0 and set(inputs.shapes.extras) == {600}
     assert inputs.shapes.session_turns == (10,) * 18 and [s.id for s in inputs.sessions] == ["s18", "s19"]
     with pytest.raises(ForecastError, match=r"KV pool size is unknown or too small \(None tokens\)"):
-        forecast_inputs(pool_tokens=None, session_rows=sessions, turn_rows=rows, latency_samples=[], fit=None,
-                        current=BudgeterConfig(), now=NOW)
+        forecast_inputs(
+            pool_tokens=None,
+            session_rows=sessions,
+            turn_rows=rows,
+            latency_samples=[],
+            fit=None,
+            current=BudgeterConfig(),
+            now=NOW,
+        )
     with pytest.raises(ForecastError, match="no cost model: no fit file"):
-        forecast_inputs(pool_tokens=100_000, session_rows=sessions, turn_rows=rows, latency_samples=[], fit=None,
-                        current=BudgeterConfig(), now=NOW)
+        forecast_inputs(
+            pool_tokens=100_000,
+            session_rows=sessions,
+            turn_rows=rows,
+            latency_samples=[],
+            fit=None,
+            current=BudgeterConfig(),
+            now=NOW,
+        )
     assert BLOCK_SIZE == 16
 
 
 def test_run_forecast_is_deterministic_and_parking_holds_demand_under_the_band() -> None:
     rows, _ = _recorded()
-    crowd = [{"session_id": f"c{i}", "state": "admitted", "context_tokens": 12000, "turns": 2, "data": {}}
-             for i in range(20)]
-    inputs = forecast_inputs(pool_tokens=150_000, session_rows=crowd, turn_rows=rows, latency_samples=[],
-                             fit={"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5",
-                                  "decode_per_ctx_token_s": "4e-8"}, current=BudgeterConfig(mode="off"), now=NOW)
+    crowd = [
+        {"session_id": f"c{i}", "state": "admitted", "context_tokens": 12000, "turns": 2, "data": {}}
+        for i in range(20)
+    ]
+    inputs = forecast_inputs(
+        pool_tokens=150_000,
+        session_rows=crowd,
+        turn_rows=rows,
+        latency_samples=[],
+        fit={"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5", "decode_per_ctx_token_s": "4e-8"},
+        current=BudgeterConfig(mode="off"),
+        now=NOW,
+    )
     off = run_forecast(inputs, BudgeterConfig(mode="off"), 5, seed=3)
     again = run_forecast(inputs, BudgeterConfig(mode="off"), 5, seed=3)
     park = run_forecast(inputs, BudgeterConfig(mode="budgeter-park"), 5, seed=3)
     drop = {"wall_s"}
     assert {k: v for k, v in off["summary"].items() if k not in drop} == {
-        k: v for k, v in again["summary"].items() if k not in drop}
+        k: v for k, v in again["summary"].items() if k not in drop
+    }
     assert off["summary"]["sessions_at_start"] == 20
-    assert park["summary"]["sessions_arrived"] == off["summary"]["sessions_arrived"] > 0  # same offered sessions
+    assert (
+        park["summary"]["sessions_arrived"] == off["summary"]["sessions_arrived"] > 0
+    )  # same offered sessions
     # 20 x (12000 + 1024) tokens of demand on a 150K pool: off parks nobody, budgeter-park parks some
     assert (off["summary"]["parked_max"], off["summary"]["parked_session_minutes"]) == (0, 0.0)
     assert park["summary"]["parked_max"] > 0 and park["summary"]["parked_session_minutes"] > 0
@@ -154,19 +249,46 @@ def test_the_forecast_never_reads_the_simulators_own_configuration() -> None:
     root = Path(__file__).resolve().parents[2]
     for name in ("simulator/forecast.py", "simulator/forecast_run.py", "dashboard/forecast_view.py"):
         text = (root / name).read_text()
-        for forbidden in ("SimConfig(", "AgentWorkload", "ControlConfig", "scenario_config", "run_scenario",
-                          "apply_overrides", "simulator.offline", "simulator.server"):
+        for forbidden in (
+            "SimConfig(",
+            "AgentWorkload",
+            "ControlConfig",
+            "scenario_config",
+            "run_scenario",
+            "apply_overrides",
+            "simulator.offline",
+            "simulator.server",
+        ):
             assert forbidden not in text, f"{name} uses {forbidden}"
 
 
 def test_cost_from_latencies_at_one_load_level_puts_the_step_on_context() -> None:
-    samples = [{"itl_p50": 0.02, "requests_running": 4, "prompt_len_p50": 5000, "engine_hit_ratio": 1.0,
-                "ttft_p50": 0.1}] * 3
+    samples = [
+        {
+            "itl_p50": 0.02,
+            "requests_running": 4,
+            "prompt_len_p50": 5000,
+            "engine_hit_ratio": 1.0,
+            "ttft_p50": 0.1,
+        }
+    ] * 3
     cost = cost_from_latencies(samples)
-    assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == (0.0, 0.02 / 20000, 0.0)
+    assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == (
+        0.0,
+        0.02 / 20000,
+        0.0,
+    )
 
 
 def test_cost_from_latencies_without_an_inter_token_histogram_uses_e2e_ttft_and_output_length() -> None:
-    samples = [{"e2e_p50": 0.1 + 0.02 * 100, "ttft_p50": 0.1, "output_len_p50": 101, "requests_running": 4,
-                "prompt_len_p50": 5000, "engine_hit_ratio": 1.0}] * 3
+    samples = [
+        {
+            "e2e_p50": 0.1 + 0.02 * 100,
+            "ttft_p50": 0.1,
+            "output_len_p50": 101,
+            "requests_running": 4,
+            "prompt_len_p50": 5000,
+            "engine_hit_ratio": 1.0,
+        }
+    ] * 3
     assert cost_from_latencies(samples).decode_per_ctx_token_s == pytest.approx(0.02 / 20000, rel=1e-12)

@@ -28,8 +28,16 @@ def test_free_queue_is_lru_and_freeing_is_tail_first(cls: type) -> None:
     run_request(pool, session("a"), 3)
     run_request(pool, session("b"), 3)
     # never-used blocks first, then a's blocks tail first, then b's
-    assert pool.queue_keys() == [None, None, (("s", "a"), 2), (("s", "a"), 1), (("s", "a"), 0),
-                                 (("s", "b"), 2), (("s", "b"), 1), (("s", "b"), 0)]
+    assert pool.queue_keys() == [
+        None,
+        None,
+        (("s", "a"), 2),
+        (("s", "a"), 1),
+        (("s", "a"), 0),
+        (("s", "b"), 2),
+        (("s", "b"), 1),
+        (("s", "b"), 0),
+    ]
     # a 3-block request of c evicts the two unused blocks, then a's tail block
     run_request(pool, session("c"), 3)
     assert pool.evictions() == 1

@@ -12,13 +12,12 @@ BS = 4
 NUM_BLOCKS = 24
 
 # contents share prefixes through path labels: a common head, two "system prompts", per-request tails
-CONTENTS = [
-    SegmentContent([("head", 6), ("sysA", 10), (("tail", i), 1 << 20)]) for i in range(3)
-] + [
-    SegmentContent([("head", 6), ("sysB", 7), (("tail", i), 1 << 20)]) for i in range(3, 5)
-] + [
-    SegmentContent([("head", 6), (("short", i), 9)]) for i in range(7, 9)
-] + [SegmentContent([(("solo", i), 1 << 20)]) for i in range(5, 7)]
+CONTENTS = (
+    [SegmentContent([("head", 6), ("sysA", 10), (("tail", i), 1 << 20)]) for i in range(3)]
+    + [SegmentContent([("head", 6), ("sysB", 7), (("tail", i), 1 << 20)]) for i in range(3, 5)]
+    + [SegmentContent([("head", 6), (("short", i), 9)]) for i in range(7, 9)]
+    + [SegmentContent([(("solo", i), 1 << 20)]) for i in range(5, 7)]
+)
 
 op = st.one_of(
     st.tuples(st.just("start"), st.integers(0, len(CONTENTS) - 1), st.integers(1, 60)),

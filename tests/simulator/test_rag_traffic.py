@@ -21,8 +21,13 @@ def test_rag_preset_is_the_offline_scenario_with_overrides() -> None:
 
 
 def test_a_bad_rag_set_fails_naming_the_key() -> None:
-    out = subprocess.run([PYTHON, "-m", "simulator", "loadgen", "--rag-preset", "--rag-set", "no_such=1"],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [PYTHON, "-m", "simulator", "loadgen", "--rag-preset", "--rag-set", "no_such=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "no_such" in out.stderr
 
 
@@ -33,18 +38,60 @@ def test_storm_enters_thin_reuse_and_the_compaction_job_asks_the_gate(tmp_path) 
     speed = 4
     # the preset (the demo's speed), its storm from simulated minute 0.5 for 1.5 minutes: wall seconds 7.5..30;
     # the sidecar's reuse window is 15 s
-    with running([PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--speed", str(speed)],
-                 name="simulator", ready_url=f"{engine}/health"), \
-         running([PYTHON, "-m", "sidecar", "--engine", engine, "--port", str(sidecar_port),
-                  "--state-db", str(tmp_path / "sidecar.db"), "--window-s", "15"],
-                 name="sidecar", ready_url=f"{sidecar}/healthz"):
+    with (
+        running(
+            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--speed", str(speed)],
+            name="simulator",
+            ready_url=f"{engine}/health",
+        ),
+        running(
+            [
+                PYTHON,
+                "-m",
+                "sidecar",
+                "--engine",
+                engine,
+                "--port",
+                str(sidecar_port),
+                "--state-db",
+                str(tmp_path / "sidecar.db"),
+                "--window-s",
+                "15",
+            ],
+            name="sidecar",
+            ready_url=f"{sidecar}/healthz",
+        ),
+    ):
         log = (tmp_path / "loadgen.log").open("w")
         loadgen = subprocess.Popen(
-            [PYTHON, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(speed), "--sessions-per-s", "0",
-             "--rag-preset", "--rag-set", "storm_start_min=0.5", "--rag-set", "storm_minutes=1.5",
-             "--rag-set", "compaction_every=150",  # the storm is 1.5 minutes, not 10: the job's N scaled alike
-             "--duration", "100", "--seed", "3"],
-            cwd=REPO, stdout=log, stderr=log, text=True)
+            [
+                PYTHON,
+                "-m",
+                "simulator",
+                "loadgen",
+                "--target",
+                sidecar,
+                "--speed",
+                str(speed),
+                "--sessions-per-s",
+                "0",
+                "--rag-preset",
+                "--rag-set",
+                "storm_start_min=0.5",
+                "--rag-set",
+                "storm_minutes=1.5",
+                "--rag-set",
+                "compaction_every=150",  # the storm is 1.5 minutes, not 10: the job's N scaled alike
+                "--duration",
+                "100",
+                "--seed",
+                "3",
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=log,
+            text=True,
+        )
         regimes: list[tuple[float, str, float | None]] = []
         t0 = time.monotonic()
         while loadgen.poll() is None and time.monotonic() - t0 < 100 + 40:
@@ -65,7 +112,9 @@ def test_storm_enters_thin_reuse_and_the_compaction_job_asks_the_gate(tmp_path) 
     thin = [t for t, r, _ in regimes if r == "thin-reuse"]
     assert thin and min(thin) >= 7, timeline
     # ... and left after it, while the document traffic goes on
-    assert regimes[-1][1] == "normal" and any(r == "normal" and t > max(thin) for t, r, _ in regimes), timeline
+    assert regimes[-1][1] == "normal" and any(r == "normal" and t > max(thin) for t, r, _ in regimes), (
+        timeline
+    )
     assert decisions, "the compaction job's requests reached the gate"
     assert {d["subtree_id"] for d in decisions} <= {f"rag-docs-{n}" for n in range(8)}
     assert any(d["decision"] == "deferred" and d["regime"] == "thin-reuse" for d in decisions), decisions[:5]

@@ -22,35 +22,77 @@ def bundle(tmp_path: Path) -> tuple[Path, float]:
     engine, now = filled_engine(url)
     engine.dispose()
     out = tmp_path / "incident.json.gz"
-    assert collectors_main(["export-incident", "--engine", "a", "--from", str(now - 3600), "--to", str(now - 600),
-                            "--out", str(out), "--database-url", url]) == 0
+    assert (
+        collectors_main(
+            [
+                "export-incident",
+                "--engine",
+                "a",
+                "--from",
+                str(now - 3600),
+                "--to",
+                str(now - 600),
+                "--out",
+                str(out),
+                "--database-url",
+                url,
+            ]
+        )
+        == 0
+    )
     doc = read_bundle(out)
     # The filled engine reports TTFT but not the decode latencies a cost model needs: add what a vLLM reports.
     eng = next(t["url"] for t in doc["targets"] if t["role"] == "engine")
     ts = [s for s in doc["series"] if s["target"] == eng and s["signal"] == "requests_running"][0]["ts"]
-    for signal, value in (("itl_p50", lambda i: 0.02 + 0.00001 * (i % 7)), ("prompt_len_p50", lambda i: 6000.0),
-                          ("queue_time_p50", lambda i: 0.0)):
-        doc["series"].append({"target": eng, "engine": None, "signal": signal, "ts": ts,
-                              "value": [value(i) for i in range(len(ts))]})
+    for signal, value in (
+        ("itl_p50", lambda i: 0.02 + 0.00001 * (i % 7)),
+        ("prompt_len_p50", lambda i: 6000.0),
+        ("queue_time_p50", lambda i: 0.0),
+    ):
+        doc["series"].append(
+            {
+                "target": eng,
+                "engine": None,
+                "signal": signal,
+                "ts": ts,
+                "value": [value(i) for i in range(len(ts))],
+            }
+        )
     write_bundle(doc, out)
     return out, now
 
 
-def test_export_open_replay_gives_the_run_summary_fields(bundle: tuple[Path, float],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_open_replay_gives_the_run_summary_fields(
+    bundle: tuple[Path, float], capsys: pytest.CaptureFixture[str]
+) -> None:
     path, now = bundle
     at = now - COLLAPSE_AGO
-    assert simulator_main(["replay", str(path), "--control", "budgeter-park", "--at", str(at), "--minutes", "10"]) == 0
+    assert (
+        simulator_main(
+            ["replay", str(path), "--control", "budgeter-park", "--at", str(at), "--minutes", "10"]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert {f.name for f in fields(RunVerdict)} <= set(summary)
-    assert summary["control"] == "budgeter-park" and summary["mode"] == "budgeter-park" and summary["at"] == at
-    assert 0 <= summary["r_t"] <= 1 and summary["sessions_at_start"] == 12 and summary["cost_source"] == "latencies"
-    assert summary["recorded_r_t"] is not None and summary["recorded_r_t"] < 0.5  # what the bundle saw: collapse
+    assert (
+        summary["control"] == "budgeter-park" and summary["mode"] == "budgeter-park" and summary["at"] == at
+    )
+    assert (
+        0 <= summary["r_t"] <= 1
+        and summary["sessions_at_start"] == 12
+        and summary["cost_source"] == "latencies"
+    )
+    assert (
+        summary["recorded_r_t"] is not None and summary["recorded_r_t"] < 0.5
+    )  # what the bundle saw: collapse
     off = replay(read_bundle(path), "off", at, minutes=10)["summary"]
     assert off["parked_max"] == 0 and off["mode"] == "off"
 
 
-def test_replay_errors_name_the_problem(bundle: tuple[Path, float], capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_errors_name_the_problem(
+    bundle: tuple[Path, float], capsys: pytest.CaptureFixture[str]
+) -> None:
     path, now = bundle
     assert simulator_main(["replay", str(path), "--control", "budgeter-park", "--at", str(now)]) == 2
     assert "outside the bundle's range" in capsys.readouterr().err

@@ -19,8 +19,22 @@ MODEL = "sim/test-model"
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
     port = free_port()
-    cmd = [PYTHON, "-m", "simulator", "serve", "--port", str(port), "--speed", "50", "--model", MODEL,
-           "--pool-tokens", "200000", "--seed", "3"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "simulator",
+        "serve",
+        "--port",
+        str(port),
+        "--speed",
+        "50",
+        "--model",
+        MODEL,
+        "--pool-tokens",
+        "200000",
+        "--seed",
+        "3",
+    ]
     with running(cmd, name="simulator", ready_url=f"http://127.0.0.1:{port}/health"):
         yield f"http://127.0.0.1:{port}"
 
@@ -51,8 +65,11 @@ def test_chat_completion_reports_cached_tokens_of_the_previous_turn(client: open
     assert first.choices[0].message.role == "assistant"
     assert first.usage.completion_tokens == len(first.choices[0].message.content) // 4
     assert first.usage.prompt_tokens_details.cached_tokens == 0
-    msgs = [*conversation(1), {"role": "assistant", "content": first.choices[0].message.content},
-            {"role": "user", "content": "next " * 50}]
+    msgs = [
+        *conversation(1),
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "next " * 50},
+    ]
     second = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached > 0 and cached % 16 == 0
@@ -60,8 +77,13 @@ def test_chat_completion_reports_cached_tokens_of_the_previous_turn(client: open
 
 
 def test_streaming_chat_ends_with_a_usage_only_chunk(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model=MODEL, messages=conversation(2), max_tokens=30, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=conversation(2),
+        max_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -93,10 +115,18 @@ def test_completions_non_streaming(client: openai.OpenAI) -> None:
 
 
 def test_unknown_model_gets_vllms_404_error_body(base: str, client: openai.OpenAI) -> None:
-    r = httpx.post(f"{base}/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert r.status_code == 404
-    assert r.json() == {"error": {"message": "The model `nope` does not exist.", "type": "NotFoundError",
-                                  "param": "model", "code": 404}}
+    assert r.json() == {
+        "error": {
+            "message": "The model `nope` does not exist.",
+            "type": "NotFoundError",
+            "param": "model",
+            "code": 404,
+        }
+    }
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
 
@@ -104,7 +134,9 @@ def test_unknown_model_gets_vllms_404_error_body(base: str, client: openai.OpenA
 def test_bad_requests_are_400_with_a_message(base: str) -> None:
     r = httpx.post(f"{base}/v1/chat/completions", json={"model": MODEL, "messages": []})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
-    r = httpx.post(f"{base}/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{base}/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
 
 
@@ -116,11 +148,22 @@ def test_metrics_match_vllm_names_labels_and_types(base: str, client: openai.Ope
     client.chat.completions.create(model=MODEL, messages=conversation(1), max_tokens=5)
     ours = _families(httpx.get(f"{base}/metrics").text)
     real = _families(Path(ENGINE_METRICS / "vllm-0.33.0-statlogger.prom").read_text())
-    required = ["vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:kv_cache_usage_perc",
-                "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions",
-                "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:cache_config_info",
-                "vllm:time_to_first_token_seconds", "vllm:request_prefill_kv_computed_tokens",
-                "vllm:e2e_request_latency_seconds", "vllm:request_success", "vllm:prompt_tokens_by_source"]
+    required = [
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions",
+        "vllm:prompt_tokens",
+        "vllm:generation_tokens",
+        "vllm:cache_config_info",
+        "vllm:time_to_first_token_seconds",
+        "vllm:request_prefill_kv_computed_tokens",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_success",
+        "vllm:prompt_tokens_by_source",
+    ]
     for name in required:
         assert name in ours, name
         mine, theirs = ours[name], real[name]

@@ -61,7 +61,11 @@ def test_no_module_over_500_lines_but_the_pool() -> None:
 def test_model_code_imports_no_plots_and_no_harness() -> None:
     g = graph()
     for model in ("simulator.agent", "simulator.rag", "simulator.loop", "simulator.offline"):
-        assert not g[model] & {"simulator.plots", "simulator.experiments", "simulator.compaction_experiment"}, model
+        assert not g[model] & {
+            "simulator.plots",
+            "simulator.experiments",
+            "simulator.compaction_experiment",
+        }, model
     # one event loop: the models use simulator.loop and keep no heap of their own
     for model in ("agent", "rag"):
         assert "simulator.loop" in g[f"simulator.{model}"]
@@ -72,7 +76,10 @@ def test_policy_defaults_come_from_core() -> None:
     cfg, budgeter, regime = SimConfig(), BudgeterConfig(), RegimeConfig()
     assert (cfg.control.low_band, cfg.control.high_band) == (budgeter.low, budgeter.high)
     assert (cfg.rag.divergence_enter, cfg.rag.divergence_exit, cfg.rag.regime_min_turns) == (
-        regime.enter, regime.exit, regime.min_turns)
+        regime.enter,
+        regime.exit,
+        regime.min_turns,
+    )
     for path in ("config.py", "agent.py", "rag.py"):
         text = (PKG / path).read_text()
         assert "= 0.75" not in text and "= 0.95" not in text and "enter: float = 0.5" not in text, path
@@ -83,14 +90,18 @@ def serve_args(*argv: str) -> argparse.Namespace:
 
 
 def test_serve_honours_set_for_pool_block_size_and_mode() -> None:
-    engine = serve_config(serve_args("--set", "pool_tokens=123456", "--set", "block_size=32",
-                                     "--set", "mode=exact")).engine
+    engine = serve_config(
+        serve_args("--set", "pool_tokens=123456", "--set", "block_size=32", "--set", "mode=exact")
+    ).engine
     assert (engine.pool_tokens, engine.block_size, engine.mode) == (123456, 32, "exact")
     engine = serve_config(serve_args("--pool-tokens", "200000", "--mode", "exact")).engine
     assert (engine.pool_tokens, engine.block_size, engine.mode) == (200000, 16, "exact")
     assert serve_config(serve_args()).engine == SimConfig().engine
     # the same value twice is fine
-    assert serve_config(serve_args("--pool-tokens", "200000", "--set", "pool_tokens=2e5")).engine.pool_tokens == 200000
+    assert (
+        serve_config(serve_args("--pool-tokens", "200000", "--set", "pool_tokens=2e5")).engine.pool_tokens
+        == 200000
+    )
 
 
 def test_serve_flag_and_set_that_disagree_fail_naming_both() -> None:

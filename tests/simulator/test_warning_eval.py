@@ -25,17 +25,24 @@ def test_onset_is_the_last_fall_below_0_3_before_the_first_degraded_minute():
 
 
 def run(onset, sidecar, follow_up=None):
-    return {"seed": 0, "onset_s": onset, "onset_in_follow_up_s": follow_up,
-            "sidecar": {"collapse-risk": sidecar, "collapse": []}, "engine": {"collapse-risk": [], "collapse": []}}
+    return {
+        "seed": 0,
+        "onset_s": onset,
+        "onset_in_follow_up_s": follow_up,
+        "sidecar": {"collapse-risk": sidecar, "collapse": []},
+        "engine": {"collapse-risk": [], "collapse": []},
+    }
 
 
 def test_figures_follow_the_issue_definitions():
-    results = [run(1000.0, [900.0]),            # warned 100 s ahead
-               run(1000.0, [950.0]),            # 50 s: too late
-               run(1000.0, [300.0, 990.0]),     # first warning 700 s ahead: warned, and a false alarm
-               run(None, [500.0]),              # never degrades: false alarm
-               run(None, [2600.0], 3000.0),     # followed by an onset in the follow-up: not a false alarm
-               run(None, [])]
+    results = [
+        run(1000.0, [900.0]),  # warned 100 s ahead
+        run(1000.0, [950.0]),  # 50 s: too late
+        run(1000.0, [300.0, 990.0]),  # first warning 700 s ahead: warned, and a false alarm
+        run(None, [500.0]),  # never degrades: false alarm
+        run(None, [2600.0], 3000.0),  # followed by an onset in the follow-up: not a false alarm
+        run(None, []),
+    ]
     f = we.summarize(results, "sidecar")
     assert (f["runs"], f["degraded_runs"], f["non_degraded_runs"]) == (6, 3, 3)
     assert f["warned_before_degraded"] == 2 and f["false_alarm_runs"] == 2

@@ -38,8 +38,15 @@ BLOCK_TOKENS = 16
 
 
 class StubEngine:
-    def __init__(self, pool_tokens: int = 400_000, cached_report: bool = True, delay_s: float = 0.0,
-                 completion_tokens: int = 8, model: str = MODEL, metrics: bool = True) -> None:
+    def __init__(
+        self,
+        pool_tokens: int = 400_000,
+        cached_report: bool = True,
+        delay_s: float = 0.0,
+        completion_tokens: int = 8,
+        model: str = MODEL,
+        metrics: bool = True,
+    ) -> None:
         self.pool_tokens = pool_tokens
         self.cached_report = cached_report
         self.delay_s = delay_s
@@ -60,7 +67,9 @@ class StubEngine:
         cached_blocks = 0
         still_cached = True
         for start in range(0, len(text) - BLOCK_CHARS + 1, BLOCK_CHARS):
-            digest = hashlib.blake2b(digest + text[start:start + BLOCK_CHARS].encode(), digest_size=8).digest()
+            digest = hashlib.blake2b(
+                digest + text[start : start + BLOCK_CHARS].encode(), digest_size=8
+            ).digest()
             if still_cached and digest in self.blocks:
                 cached_blocks += 1
                 self.blocks.move_to_end(digest)
@@ -84,8 +93,11 @@ class StubEngine:
         return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
     def usage(self, prompt: int, cached: int, completion: int) -> dict[str, Any]:
-        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                                 "total_tokens": prompt + completion}
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
         if self.cached_report:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
@@ -118,32 +130,54 @@ class StubEngine:
                 writer.close()
 
     @staticmethod
-    def respond(writer: asyncio.StreamWriter, status: int, body: bytes,
-                content_type: str = "application/json") -> None:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}.get(status, "X")
-        writer.write(f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n"
-                     f"content-length: {len(body)}\r\n\r\n".encode() + body)
+    def respond(
+        writer: asyncio.StreamWriter, status: int, body: bytes, content_type: str = "application/json"
+    ) -> None:
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}.get(
+            status, "X"
+        )
+        writer.write(
+            f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n"
+            f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
 
-    async def route(self, method: str, path: str, headers: dict[str, str], raw: bytes,
-                    writer: asyncio.StreamWriter) -> None:
+    async def route(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes, writer: asyncio.StreamWriter
+    ) -> None:
         path = path.split("?", 1)[0]
         if method == "GET" and path == "/metrics":
             if self.metrics_status != 200:  # test hook: an engine whose /metrics cannot be read
                 self.respond(writer, self.metrics_status, b"metrics unavailable", "text/plain")
                 return
-            text = "# HELP vllm:num_requests_running Running requests.\n# TYPE vllm:num_requests_running gauge\n" \
-                   f'vllm:num_requests_running{{engine="0",model_name="{self.model}"}} 0.0\n'
+            text = (
+                "# HELP vllm:num_requests_running Running requests.\n# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{engine="0",model_name="{self.model}"}} 0.0\n'
+            )
             if self.metrics:
                 blocks = self.pool_tokens // 16
-                text += ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-                         "# TYPE vllm:cache_config_info gauge\n"
-                         f'vllm:cache_config_info{{block_size="16",engine="0",enable_prefix_caching="True",'
-                         f'kv_cache_size_tokens="{self.pool_tokens}",num_gpu_blocks="{blocks}"}} 1.0\n')
+                text += (
+                    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                    "# TYPE vllm:cache_config_info gauge\n"
+                    f'vllm:cache_config_info{{block_size="16",engine="0",enable_prefix_caching="True",'
+                    f'kv_cache_size_tokens="{self.pool_tokens}",num_gpu_blocks="{blocks}"}} 1.0\n'
+                )
             self.respond(writer, 200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             return
         if method == "GET" and path == "/v1/models":
-            models: dict[str, Any] = {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                "owned_by": "stub", "root": self.model, "max_model_len": 131072}]}
+            models: dict[str, Any] = {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "stub",
+                        "root": self.model,
+                        "max_model_len": 131072,
+                    }
+                ],
+            }
             self.respond(writer, 200, json.dumps(models).encode())
             return
         if method == "GET" and path == "/health":
@@ -157,25 +191,58 @@ class StubEngine:
             self.seen_headers.append(headers)
         status_hook = headers.get("x-stub-status")
         if status_hook:
-            self.respond(writer, int(status_hook), json.dumps({"error": {
-                "message": "stub failure", "type": "InternalServerError", "param": None,
-                "code": int(status_hook)}}).encode())
+            self.respond(
+                writer,
+                int(status_hook),
+                json.dumps(
+                    {
+                        "error": {
+                            "message": "stub failure",
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": int(status_hook),
+                        }
+                    }
+                ).encode(),
+            )
             return
         try:
             body: Any = json.loads(raw)
             assert isinstance(body, dict)
         except (ValueError, AssertionError):
-            self.respond(writer, 400, json.dumps({"error": {"message": "invalid JSON body",
-                                                             "type": "BadRequestError", "param": None,
-                                                             "code": 400}}).encode())
+            self.respond(
+                writer,
+                400,
+                json.dumps(
+                    {
+                        "error": {
+                            "message": "invalid JSON body",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": 400,
+                        }
+                    }
+                ).encode(),
+            )
             return
         if len(self.seen_bodies) < 1000:
             self.seen_bodies.append(body)
         model = body.get("model", self.model)
         if model != self.model:
-            self.respond(writer, 404, json.dumps({"error": {
-                "message": f"The model `{model}` does not exist.", "type": "NotFoundError",
-                "param": "model", "code": 404}}).encode())
+            self.respond(
+                writer,
+                404,
+                json.dumps(
+                    {
+                        "error": {
+                            "message": f"The model `{model}` does not exist.",
+                            "type": "NotFoundError",
+                            "param": "model",
+                            "code": 404,
+                        }
+                    }
+                ).encode(),
+            )
             return
         delay = float(headers.get("x-stub-delay-ms", 0) or 0) / 1000.0 or self.delay_s
         if delay:
@@ -192,20 +259,36 @@ class StubEngine:
         if not body.get("stream"):
             text = " ".join(words)
             choice: dict[str, Any] = (
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length",
-                 "logprobs": None}
-                if chat else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None})
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "length",
+                    "logprobs": None,
+                }
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+            )
             usage = self.usage(prompt, cached, n_out)
             if headers.get("x-stub-usage"):  # a hostile engine's usage report, verbatim
                 usage = json.loads(headers["x-stub-usage"])
-            resp = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                    "model": self.model, "choices": [choice], "usage": usage}
+            resp = {
+                "id": rid,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage,
+            }
             self.respond(writer, 200, json.dumps(resp).encode())
             return
-        include_usage = isinstance(body.get("stream_options"), dict) and \
-            body["stream_options"].get("include_usage") is True
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n")
+        include_usage = (
+            isinstance(body.get("stream_options"), dict)
+            and body["stream_options"].get("include_usage") is True
+        )
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
 
         def chunk(data: bytes) -> None:
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -218,13 +301,27 @@ class StubEngine:
                 delta: dict[str, Any] = {"content": ("" if i == 0 else " ") + word}
                 if i == 0:
                     delta["role"] = "assistant"
-                choice = {"index": 0, "delta": delta, "logprobs": None,
-                          "finish_reason": "length" if i == n_out - 1 else None}
+                choice = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": "length" if i == n_out - 1 else None,
+                }
             else:
-                choice = {"index": 0, "text": ("" if i == 0 else " ") + word, "logprobs": None,
-                          "finish_reason": "length" if i == n_out - 1 else None}
-            event: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": self.model,
-                                     "choices": [choice], **extra}
+                choice = {
+                    "index": 0,
+                    "text": ("" if i == 0 else " ") + word,
+                    "logprobs": None,
+                    "finish_reason": "length" if i == n_out - 1 else None,
+                }
+            event: dict[str, Any] = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": self.model,
+                "choices": [choice],
+                **extra,
+            }
             chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
             if chunk_delay:
                 await writer.drain()
@@ -234,8 +331,14 @@ class StubEngine:
                 writer.transport.abort()
                 raise ConnectionError("stream broken on purpose")
         if include_usage:
-            event = {"id": rid, "object": obj, "created": created, "model": self.model, "choices": [],
-                     "usage": self.usage(prompt, cached, n_out)}
+            event = {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(prompt, cached, n_out),
+            }
             chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
         chunk(b"data: [DONE]\n\n")
         chunk(b"")
@@ -256,8 +359,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-cached-report", action="store_true")
     p.add_argument("--no-pool-metric", action="store_true")
     args = p.parse_args(argv)
-    engine = StubEngine(args.pool_tokens, not args.no_cached_report, args.delay_ms / 1000.0,
-                        args.completion_tokens, metrics=not args.no_pool_metric)
+    engine = StubEngine(
+        args.pool_tokens,
+        not args.no_cached_report,
+        args.delay_ms / 1000.0,
+        args.completion_tokens,
+        metrics=not args.no_pool_metric,
+    )
 
     async def run() -> None:
         server = await serve(engine, args.host, args.port)
