@@ -147,6 +147,9 @@ def running(
             cmd,
             cwd=str(cwd or REPO),
             env=full_env,
+            # Never the test's own stdin: under xdist that is the worker's channel to the controller,
+            # and a child reading it (a prompt, a REPL) takes the worker down.
+            stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
