@@ -19,6 +19,7 @@ from core.reuse import LastTurns, RegimeDetector, TimeWindow
 
 from .settings import Settings
 from .store import Store
+from .waits import WaitStats
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +160,10 @@ class TurnTicket:
 TurnRefused = Refused  # a turn the sidecar will not admit
 
 
-class Persistence:
-    """Mixin of ControlPlane: restore from and write to the state store."""
+class PlaneState:
+    """The ControlPlane's attributes, declared once for the type checker of its mixins
+    (`Persistence`, `control_views.Views`); `ControlPlane.__init__` sets them."""
 
-    # attributes the ControlPlane sets up (declared for the type checker)
     settings: Settings
     store: Store | None
     clock: Callable[[], float]
@@ -197,6 +198,12 @@ class Persistence:
     _persisted_config: dict[str, Any] | None
     store_error: str | None
     _store_failed_at: float
+    admission_waits: WaitStats
+    park_durations: WaitStats
+
+
+class Persistence(PlaneState):
+    """Mixin of ControlPlane: restore from and write to the state store."""
 
     # ------------------------------------------------------------ restore
     def _default_config(self) -> BudgeterConfig:

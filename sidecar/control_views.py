@@ -5,19 +5,12 @@ Views never advance the regime: they show the regime the clock-driven tick last 
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-from core.budgeter import ADMITTED, PARKED, WAITING, Budgeter
-from core.compaction import CompactionPolicy, SubtreeTracker, pinned_subtrees
-from core.reuse import LastTurns, RegimeDetector, TimeWindow
+from core.budgeter import ADMITTED, PARKED, WAITING
+from core.compaction import pinned_subtrees
 
-from .control_state import Counters, Deferral, SessionExtra
-from .settings import Settings
-from .store import Store
-from .waits import WaitStats
+from .control_state import PlaneState, SessionExtra
 
 CACHED_FLAG_WARNING = (
     "{unknown} of {turns} turns in the window carry no usage.prompt_tokens_details.cached_tokens; they count as "
@@ -25,44 +18,8 @@ CACHED_FLAG_WARNING = (
 )
 
 
-class Views:
+class Views(PlaneState):
     """Mixin of ControlPlane: documents for the read routes."""
-
-    # attributes the ControlPlane sets up (declared for the type checker)
-    settings: Settings
-    store: Store | None
-    clock: Callable[[], float]
-    started_at: float
-    window: TimeWindow
-    unsessioned_window: TimeWindow
-    last_turns: LastTurns
-    regime: RegimeDetector
-    subtrees: SubtreeTracker
-    compaction_policy: CompactionPolicy
-    extras: dict[str, SessionExtra]
-    ended: deque[dict[str, Any]]
-    deferral: Deferral | None
-    counters: Counters
-    decision_counts: dict[tuple[str, str], int]
-    _held: dict[str, list[asyncio.Future[str]]]
-    held_requests: int
-    in_flight: int
-    unsessioned_in_flight: int
-    pool_source: str | None
-    pool_error: str | None
-    engine_kind: str | None
-    engine_error: str | None
-    engine_error_at: float | None
-    updated: dict[str, float]
-    restored: bool
-    budgeter: Budgeter
-    _dirty: bool
-    _last_persist: float
-    _persisted: dict[str, tuple[Any, ...]]
-    _persisted_config: dict[str, Any] | None
-    store_error: str | None
-    admission_waits: WaitStats
-    park_durations: WaitStats
 
     def budgeter_settings(self) -> dict[str, Any]:
         cfg = self.budgeter.config
