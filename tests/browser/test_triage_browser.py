@@ -144,7 +144,9 @@ def test_engine_view_at_that_moment(triage: str) -> None:
         page.get_by_text("Engine view at that moment").first.click()
         page.wait_for_url("**/engine?*", timeout=30_000)
         assert "at=" in page.url
-        page.get_by_text("State at").wait_for(timeout=60_000)
+        # "State at <time>: ..." itself: get_by_text("State at") also matches the info line's "the state at
+        # that time" (substring, any case), and fails strict mode once both are on the page.
+        page.get_by_text(re.compile(r"^State at \d")).wait_for(timeout=60_000)
         page.get_by_text("Showing the moment").wait_for(timeout=30_000)
         body = text_of(page)
         assert "sidecar warning" not in body  # today's warnings are not that moment's
