@@ -2,7 +2,9 @@
 and no agent sessions; the scenario keeps its own data directory. (The preset through a real sidecar is
 tests/simulator/test_rag_traffic.py.)"""
 
-from demo.__main__ import REPO, loadgen_args, parse_args, scenario_note
+from demo.__main__ import parse_args
+from demo.scenarios import loadgen_args, scenario_note
+from demo.services import REPO
 from simulator.offline import scenario_config
 
 
