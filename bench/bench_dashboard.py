@@ -248,13 +248,12 @@ LAST_WAITING_JS = """() => {
 
 
 def freshness(trials: int) -> dict[str, Any]:
-    from tests.browser.pw import browser_page, open_page
-    from tests.support import PYTHON, free_port, running
+    from tests.browser.pw import browser_page, open_page, streamlit_app
+    from tests.support import PYTHON, running
 
     stub = StubEngine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-dash-"))
     url = f"sqlite:///{tmp / 'fresh.db'}"
-    port = free_port()
     samples: list[float] = []
     try:
         with running(
@@ -265,28 +264,8 @@ def freshness(trials: int) -> dict[str, Any]:
             while not (tmp / "fresh.db").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(2.5)
-            with (
-                running(
-                    [
-                        PYTHON,
-                        "-m",
-                        "streamlit",
-                        "run",
-                        "app.py",
-                        "--server.port",
-                        str(port),
-                        "--server.headless",
-                        "true",
-                    ],
-                    name="streamlit",
-                    env={"DATABASE_URL": url},
-                    ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-                    expect_text="ok",
-                    timeout=60,
-                ),
-                browser_page() as page,
-            ):
-                open_page(page, f"http://127.0.0.1:{port}/")
+            with streamlit_app(url) as base, browser_page() as page:
+                open_page(page, f"{base}/")
                 deadline = time.monotonic() + 60
                 while page.evaluate(LAST_WAITING_JS) is None and time.monotonic() < deadline:
                     time.sleep(0.2)
