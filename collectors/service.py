@@ -38,7 +38,8 @@ from collectors.config import CollectorConfig, ConfigError, ConfigWatcher
 from collectors.failures import FailureLog, describe_failure
 from collectors.prom_source import PromSource, register_engines
 from collectors.scrape import EngineScraper, ScrapeOutcome, SidecarScraper
-from collectors.store import Store, WriteResult
+from collectors.store import Store
+from collectors.store_write import WriteResult
 from core.alerts import AlertEvaluator, TargetHealth
 
 log = logging.getLogger(__name__)
