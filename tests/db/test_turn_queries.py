@@ -56,7 +56,7 @@ def test_missed_tokens_by_cause_per_bucket_and_per_session(db_url):
             insert(Turn),
             [
                 turn(a, 0, "s1", 1000, 0),  # cold 1000 (before the window: not counted)
-                turn(a, 70, "s1", 2000, 1152),  # context 1000 + 160 - 1 = 1159 -> 72 blocks = 1152: new 841, tail 7
+                turn(a, 70, "s1", 2000, 1152),  # context 1000+160-1 = 1159: 72 blocks (1152), new 841, tail 7
                 turn(b, 80, "s1", 3000, 0),  # previous turn on sidecar a: routed-away
                 turn(a, 90, "s2", 500, 0),  # cold
                 turn(a, 95, "s2", 1000, 0, parked=30.0),  # parked between turns
