@@ -61,6 +61,7 @@ def test_agent_burst_with_parking_agrees_with_the_ground_truth(agent: dict) -> N
     assert truth["new"] == agent["attribution"]["new"]
     assert truth["partial-block"] == agent["attribution"]["partial-block"]
     assert agreement["evicted-parked"] == 1.0
+    assert agent["precision"]["evicted-pressure"] == 1.0 and agent["precision"]["evicted-parked"] >= 0.9
     # blocks evicted under pressure in the tool gap, before the session was parked at its turn boundary,
     # are attributed to parking (measured 94.9 %)
     assert agreement["evicted-pressure"] >= 0.94
