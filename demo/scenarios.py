@@ -82,6 +82,19 @@ def rag_loadgen_args(speed: float) -> list[str]:
     return ["--sessions-per-s", "0", "--rag-preset", "--rag-storm-every", f"{every:g}"]
 
 
+def rag_sidecar_args(speed: float) -> list[str]:
+    """The rag scenario's sidecar judges the preset's windows (reuse, warmth) in engine time, as the offline run does."""
+    from simulator.offline import scenario_config
+
+    r = scenario_config("rag-storm").rag
+    return [
+        "--window-s",
+        f"{r.reuse_window_s / speed:g}",
+        "--warmth-window",
+        f"{r.warmth_window_s / speed:g}",
+    ]
+
+
 def scenario_note(args: argparse.Namespace) -> str:
     if args.scenario == "steady":
         return "Demo traffic is flowing through the sidecar. "

@@ -12,7 +12,7 @@ import httpx
 
 from demo.real_engine import LOADGEN_ARGS as REAL_LOADGEN_ARGS
 from demo.real_engine import real_engine_service, real_fleet_toml
-from demo.scenarios import collapse_alert_table, loadgen_args
+from demo.scenarios import collapse_alert_table, loadgen_args, rag_sidecar_args
 from demo.services import REPO, Service
 
 log = logging.getLogger("demo")
@@ -128,6 +128,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
                 str(args.sidecar_port),
                 "--state-db",
                 str(args.data_dir / "sidecar.db"),
+                *(rag_sidecar_args(args.speed) if args.scenario == "rag" else []),
             ],
             ready_url=f"{sidecar}/healthz",
             env=common,
