@@ -168,6 +168,8 @@ class ControlPlane(Persistence, Views, TurnTracing):
             self.counters.unsessioned_requests += 1
         self.in_flight += 1
         ticket.started = time.monotonic()
+        if ticket.subtree is not None:
+            self.subtrees.begin(ticket.subtree, self.clock())  # the gate defers a subtree being loaded
 
     def finish_turn(self, ticket: TurnTicket, usage: tuple[int | None, int | None, int | None], ok: bool) -> None:
         """The turn finished (``ok``) or failed; ``usage`` is (prompt, cached, completion). Idempotent."""
@@ -175,6 +177,8 @@ class ControlPlane(Persistence, Views, TurnTracing):
             return
         ticket.finished = True
         self.in_flight -= 1
+        if ticket.subtree is not None:
+            self.subtrees.end(ticket.subtree)
         prompt, cached, completion, problem = checked_usage(*usage, self.budgeter.pool_tokens or UNBOUNDED_TOKENS)
         if problem is not None:
             self.counters.usage_rejected += 1
