@@ -73,9 +73,9 @@ def test_rag_storm_with_compaction_agrees_with_the_ground_truth(rag: dict) -> No
     assert truth["prefix-changed"] > 0 and rag["prefix_changes"] > 0
     assert agreement["cold"] == agreement["new"] == 1.0
     # a subtree never reused between two rewrites has no known prefix length: its rewrite shows as new
-    # tokens (measured 82.1 %)
+    # tokens (measured 84.5 %)
     assert agreement["prefix-changed"] >= 0.82
-    assert rag["overall_agreement"] >= 0.97  # measured 97.5 %
+    assert rag["overall_agreement"] >= 0.97  # measured 98.0 %
 
 
 def test_confusion_takes_the_diagonal_first_then_spreads_the_rest() -> None:
