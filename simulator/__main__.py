@@ -1,4 +1,4 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,replay}``; ``--help``
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,live-warning,replay}``; ``--help``
 on each."""
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
         "warning-eval",
         "lead time and false alarms of the collapse-risk warning across the tipping point",
         "simulator.warning_eval",
+        "add_arguments",
+        "command",
+    ),
+    (
+        "live-warning",
+        "the collapse-risk warning replayed on live-run runs (sidecar and engine-only inputs)",
+        "simulator.live_warning",
         "add_arguments",
         "command",
     ),

@@ -74,4 +74,3 @@ __all__ = [
     "pool_tokens",
     "sum_snapshots",
 ]
-
