@@ -96,6 +96,7 @@ POOL_TOKENS: Final = "pool_tokens"
 # Budgeter / backlog (sidecar)
 DEMAND_TOKENS: Final = "demand_tokens"
 DEMAND_FRACTION: Final = "demand_fraction"
+PROJECTED_DEMAND_FRACTION: Final = "projected_demand_fraction"  # core.projection over core.risk's horizon
 BAND_LOW: Final = "band_low"
 BAND_HIGH: Final = "band_high"
 TURNS_PER_S: Final = "turns_per_s"
@@ -117,6 +118,7 @@ RISK_PREFIX: Final = "risk_"
 RISK_INPUT_SIGNALS: Final = tuple(
     RISK_PREFIX + name
     for name in (
+        "demand_projection",
         "kv_demand",
         "demand_trend",
         "session_flow",
@@ -162,6 +164,7 @@ SIDECAR_SIGNALS: Final = (
     POOL_TOKENS,
     DEMAND_TOKENS,
     DEMAND_FRACTION,
+    PROJECTED_DEMAND_FRACTION,
     BAND_LOW,
     BAND_HIGH,
     TURNS_PER_S,

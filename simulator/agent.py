@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.budgeter import Budgeter, BudgeterConfig
+from core.risk import RiskSettings
 from core.runs import judge_run
 from simulator.config import SimConfig, SimConfigError
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
 from simulator.loop import EventLoop
 
+PROJECTION_HORIZON_S = RiskSettings().projection_horizon_s
 CONTROLS = ("off", "admission-only", "latency-park", "session-cap-park", "budgeter-park")
 
 
@@ -48,6 +50,7 @@ SERIES_FIELDS = (
     "kv_usage",
     "kv_resident",
     "demand_tokens",
+    "projected_demand_tokens",  # core.projection over core.risk's horizon, as the sidecar reports it
     "running",
     "waiting",
     "preemptions",
@@ -247,6 +250,10 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
             round(1 - (pool.num_free() - pool.num_cached_free()) / pool.num_blocks, 4)
         )
         series["demand_tokens"].append(budgeter.demand_tokens())
+        recent = sum(raw.turns[max(0, second - 60) : second]) / 60.0  # turns/s, as the sidecar's 60-s window
+        series["projected_demand_tokens"].append(
+            budgeter.projected_demand_tokens(now, PROJECTION_HORIZON_S, recent)
+        )
         series["running"].append(len(engine.running))
         series["waiting"].append(len(engine.waiting))
         series["preemptions"].append(st.preemptions)
