@@ -12,7 +12,7 @@ from core.runs import judge_run
 from simulator.agent import SERIES_FIELDS
 from simulator.live_run import arrival_times
 from simulator.offline import run_scenario, scenario_config
-from tests.support import PYTHON, REPO, free_port, running
+from tests.support import PYTHON, REPO, simulator_and_sidecar
 
 
 @pytest.mark.parametrize("scenario,seed", [("agent-steady", 0), ("agent-burst", 3), ("agent-burst", 7)])
@@ -25,43 +25,12 @@ def test_arrivals_are_the_offline_runs_arrivals(scenario, seed):
 
 
 def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
-    engine_port, sidecar_port = free_port(), free_port()
-    engine, sidecar = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
     token = "live-run-test-token"
-    with (
-        running(
-            [
-                PYTHON,
-                "-m",
-                "simulator",
-                "serve",
-                "--port",
-                str(engine_port),
-                "--pool-tokens",
-                "20480",
-                "--block-size",
-                "128",
-            ],
-            name="simulator",
-            ready_url=f"{engine}/health",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine,
-                "--port",
-                str(sidecar_port),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar}/healthz",
-            env={"PREFIXOPS_OPERATOR_TOKEN": token},
-        ),
-    ):
+    with simulator_and_sidecar(
+        tmp_path,
+        engine_args=("--pool-tokens", "20480", "--block-size", "128"),
+        sidecar_env={"PREFIXOPS_OPERATOR_TOKEN": token},
+    ) as (engine, sidecar):
         done = subprocess.run(
             [
                 PYTHON,
@@ -119,3 +88,40 @@ def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
     assert run["summary"]["sessions_arrived"] == len(run["arrivals"]) > 0
     assert '"budgeter-park"' in audit  # the control switch went through the audited API
     assert (tmp_path / "run" / "run.png").stat().st_size > 0
+    # the engine's series the collapse-risk replay reads (simulator/live_record.py), one value a second
+    for key in (
+        "engine_prompt_tokens",
+        "engine_cached_tokens",
+        "generation_tokens",
+        "preemptions",
+        "kv_usage",
+    ):
+        assert len(s[key]) == 30 and None not in s[key], key
+    assert (
+        s["engine_prompt_tokens"] == sorted(s["engine_prompt_tokens"]) and s["engine_prompt_tokens"][-1] > 0
+    )
+    assert s["engine_prompt_tokens"][0] == 0 and s["generation_tokens"][-1] > 0
+    # ... and the replay runs on it (simulator live-warning)
+    (tmp_path / "fit.json").write_text(json.dumps({"set": {"prefill_per_token_s": "1e-3"}}))
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "simulator",
+            "live-warning",
+            str(tmp_path / "run"),
+            "--fit",
+            str(tmp_path / "fit.json"),
+            "--out",
+            str(tmp_path / "warn"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    warning = json.loads((tmp_path / "warn" / "live-warning.json").read_text())
+    row = warning["run_results"][0]
+    assert row["prefill_capacity_tokens_per_s"] == 1000.0 and row["capacity_from_fit"]
+    assert warning["engine"]["runs"] == warning["sidecar"]["runs"] == 1
