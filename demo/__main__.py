@@ -235,11 +235,12 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
     if args.scenario == "collapse":
         toml += collapse_alert_table(args.speed)
     fleet.write_text(toml)
+    seed = [] if getattr(args, "seed", None) is None else ["--seed", str(args.seed)]
     common = {"DATABASE_URL": database_url, "PREFIXOPS_OPERATOR_TOKEN": operator_token,
               "PREFIXOPS_CONFIG": str(fleet)}
     services = [
         Service("simulator", [py, "-m", "simulator", "serve", "--host", host, "--port", str(args.engine_port),
-                              "--speed", str(args.speed)], ready_url=f"{engine}/health"),
+                              "--speed", str(args.speed), *seed], ready_url=f"{engine}/health"),
         Service("sidecar", [py, "-m", "sidecar", "--engine", engine, "--host", host,
                             "--port", str(args.sidecar_port), "--state-db", str(args.data_dir / "sidecar.db")],
                 ready_url=f"{sidecar}/healthz", env=common),
@@ -251,7 +252,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
                 ready_url=f"http://{host}:{args.dashboard_port}/_stcore/health",
                 env=common),
         Service("loadgen", [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(args.speed),
-                            *loadgen_args(args.scenario, args.speed)]),
+                            *seed, *loadgen_args(args.scenario, args.speed)]),
     ]
     if args.engine == "vllm":  # PREFIXOPS_DEMO_ENGINE=vllm: the real engine in place of the simulator
         services[0] = Service("vllm", real.cmd, ready_url=real.ready_url, env=real.env)
@@ -281,6 +282,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="where the SQLite databases and the processes' logs go "
                              "(default data/; data/collapse for the collapse scenario)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the load generator and the simulated engine (default: a fresh one each run)")
     parser.add_argument("--database-url", default=setting(os.environ, "DATABASE_URL"),
                         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)")
     args = parser.parse_args(argv)

@@ -182,7 +182,7 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
             "sessions_in_system": float(live.sessions_in_system()) if live else 0.0,
         }
 
-    registry = engine_registry(engine, created, extra)
+    registry = engine_registry(engine, created, extra, serve.speed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
