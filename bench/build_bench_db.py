@@ -202,7 +202,7 @@ def build_bench_db(
     chunk = 200_000
     # Rollups for the whole span (7 days before the raw day, and the raw day itself), 1-minute and
     # the 10-minute tier built from them exactly as the collectors do.
-    from collectors.store import merge_rollups
+    from collectors.rollups import merge_rollups
 
     with db.begin() as conn:
         buf: list[dict[str, Any]] = []

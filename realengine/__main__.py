@@ -71,7 +71,7 @@ def where(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from realengine.serve import EngineSettings, engine_command
+    from realengine.serve import EngineSettings, engine_command, place_engine
 
     spec = _spec(args)
     if not env.ready(spec):
@@ -90,6 +90,13 @@ def serve(args: argparse.Namespace) -> int:
         spec=spec,
     )
     cmd, extra_env = engine_command(settings)
+    try:
+        placed = place_engine(args.cpus, args.nice)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if placed:
+        print(f"realengine serve: {', '.join(placed)}", file=sys.stderr, flush=True)
     os.execvpe(cmd[0], cmd, {**os.environ, **extra_env})
     return 0  # not reached
 
@@ -113,6 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool-tokens", type=int, default=d.pool_tokens, help="KV pool (rounded down to blocks)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--threads", type=int, default=d.threads, help="CPU threads of the engine")
+    p.add_argument(
+        "--cpus",
+        default=None,
+        help="pin the engine to these CPUs (taskset syntax: 0, 0,1, 0-3; default: not pinned)",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=None,
+        help="the engine's nice, applied to its own session's autogroup too (negative: root; default: unchanged)",
+    )
     _add_spec_args(p)
     p.set_defaults(func=serve)
     args = parser.parse_args(argv)

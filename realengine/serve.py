@@ -110,3 +110,50 @@ def engine_command(settings: EngineSettings) -> tuple[list[str], dict[str, str]]
         "PYTHONUNBUFFERED": "1",
     }
     return cmd, extra
+
+
+def parse_cpus(text: str) -> set[int]:
+    """A CPU list as taskset(1) takes it: ``0``, ``0,1``, ``0-3``."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"--cpus {text!r}: not a CPU list such as 0 or 0,1 or 0-3") from None
+    if not cpus:
+        raise ValueError(f"--cpus {text!r}: no CPU")
+    return cpus
+
+
+def place_engine(cpus: str | None, nice: int | None) -> list[str]:
+    """Pin this process (and so the engine's processes, which inherit it) to ``cpus`` and give it ``nice``.
+
+    Per-process nice alone does not reach across sessions: with the kernel's autogroup scheduling
+    (``/proc/sys/kernel/sched_autogroup_enabled``), CPU time is first shared fairly between
+    *sessions*, so an engine at nice -10 still gets only its session's share against every other
+    shell's jobs. So ``nice`` also starts a new session (its own autogroup, when this process is not
+    a process-group leader) and sets that autogroup's nice (``/proc/self/autogroup``). Negative
+    values need root (CAP_SYS_NICE). Returns what was done, for the log."""
+    import contextlib
+    import os
+    from pathlib import Path
+
+    done: list[str] = []
+    if cpus:
+        os.sched_setaffinity(0, parse_cpus(cpus))
+        done.append(f"pinned to CPUs {sorted(os.sched_getaffinity(0))}")
+    if nice is not None:
+        with contextlib.suppress(PermissionError):  # a process-group leader keeps its session
+            os.setsid()
+            done.append("new session")
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            autogroup = Path("/proc/self/autogroup")
+            if autogroup.exists():
+                autogroup.write_text(f"{nice}\n")
+                done.append(f"autogroup nice {nice}")
+        except PermissionError:
+            raise PermissionError(f"--nice {nice}: not permitted (a negative nice needs root)") from None
+        done.append(f"nice {nice}")
+    return done

@@ -1,5 +1,5 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,replay,forecast-validate}``; ``--help``
-on each."""
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,live-warning,
+replay,attribution-check,forecast-validate}``; ``--help`` on each."""
 
 from __future__ import annotations
 
@@ -83,6 +83,20 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
         "warning-eval",
         "lead time and false alarms of the collapse-risk warning across the tipping point",
         "simulator.warning_eval",
+        "add_arguments",
+        "command",
+    ),
+    (
+        "live-warning",
+        "the collapse-risk warning replayed on live-run runs (sidecar and engine-only inputs)",
+        "simulator.live_warning",
+        "add_arguments",
+        "command",
+    ),
+    (
+        "attribution-check",
+        "why prompt tokens were missed: core.attribution against the simulator's ground truth",
+        "simulator.attribution_check",
         "add_arguments",
         "command",
     ),

@@ -44,26 +44,31 @@ from simulator.config import SimConfigError
 from simulator.content import words
 
 # Workloads scaled to the real CPU engine (docs/real-engine.md): minutes of wall time instead of 90
-# simulated minutes, a 20480-token pool, contexts within the tiny model's 16K.
+# simulated minutes, contexts within the tiny model's 16K. ``pool_tokens`` is the engine's pool
+# (`python -m realengine serve --pool-tokens`, which scripts/engine/collapse-table.sh reads from here); a
+# live run records the pool the engine reports. Calibrated with the engine pinned (docs/real-engine.md,
+# "Calibration"): offered 1.2 turns/s lies between what the engine serves when every turn misses and
+# when they hit, the healthy working set is a fraction of the pool, a burst of 22 sessions overflows it.
 PRESETS: dict[str, dict[str, str]] = {
     "cpu-tiny": {
-        "arrival_rate": "0.06",
+        "pool_tokens": "57344",
+        "arrival_rate": "0.12",
         "burst_start_min": "1.0",
         "burst_minutes": "0.5",
         "burst_process": "uniform",
         "turns": "10",
         "system_prompt_tokens": "256",
-        "initial_context": "3000",
+        "initial_context": "5000",
         "context_growth": "500",
         "output_tokens": "16",
-        "tool_latency_mean": "1.0",
+        "tool_latency_mean": "0.5",
         "tool_latency_sigma": "0.5",
         "output_budget": "16",
     },
 }
 # Settings a preset adds for one scenario only (the burst's size belongs to agent-burst; agent-steady has none).
 SCENARIO_PRESETS: dict[str, dict[str, dict[str, str]]] = {
-    "cpu-tiny": {"agent-burst": {"burst_rate": "0.27"}},
+    "cpu-tiny": {"agent-burst": {"burst_rate": "0.733333"}},  # 22 sessions in the burst's half minute
 }
 
 

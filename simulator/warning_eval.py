@@ -37,13 +37,16 @@ import sys
 from collections.abc import Iterator, Sequence
 from multiprocessing import Pool
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collectors import sidecar_docs as docs
 from core import engine_metrics as em
 from core import rates, runs
 from core import signals as sig
 from simulator.offline import run_scenario
+
+if TYPE_CHECKING:
+    from core.alerts import AlertSettings
 
 SCENARIOS = ("agent-steady", "agent-burst", "agent-flush")
 MODES = ("sidecar", "engine")
@@ -176,12 +179,17 @@ def signal_points(result: dict[str, Any]) -> dict[str, Iterator[tuple[float, dic
     return {"sidecar": sidecar(), "engine": engine()}
 
 
-def firings(points: Iterator[tuple[float, dict[str, float]]], mode: str) -> dict[str, list[float]]:
-    """Replay through the alert evaluator (the collectors' path); firing times per rule."""
+def firings(
+    points: Iterator[tuple[float, dict[str, float]]], mode: str, settings: AlertSettings | None = None
+) -> dict[str, list[float]]:
+    """Replay through the alert evaluator (the collectors' path); firing times per rule.
+
+    ``settings``: the collectors' alert settings (default `AlertSettings()`); a real engine's replay
+    passes its own prefill capacity (simulator/live_warning.py)."""
     from core.alerts import AlertEvaluator
 
     url = f"replay-{mode}"
-    evaluator = AlertEvaluator()
+    evaluator = AlertEvaluator(settings)
     out: dict[str, list[float]] = {"collapse-risk": [], "collapse": []}
     label = "" if mode == "sidecar" else "0"
     for ts, values in points:

@@ -107,7 +107,7 @@ def test_incremental_sessions_against_the_real_sidecar(tmp_path, caplog, monkeyp
     import logging
 
     from collectors.config import SidecarTarget
-    from collectors.scrape import SidecarScraper
+    from collectors.scrape_sidecar import SidecarScraper
 
     caplog.set_level(logging.WARNING)
     monkeypatch.setattr(SidecarScraper, "PAGE", 2)

@@ -322,7 +322,7 @@ def test_one_failing_target_does_not_cost_the_others_their_data(tmp_path, monkey
     with FakeEngine() as engine, FakeSidecar() as sidecar:
         rig = Rig(f"sqlite:///{tmp_path / 'p.db'}", engine, sidecar)
         try:
-            import collectors.store as store_module
+            import collectors.store_write as store_module
 
             real = store_module.write_sidecar
 

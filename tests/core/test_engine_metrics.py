@@ -187,7 +187,7 @@ def test_kind_can_be_forced_and_auto_detects():
 def test_filtering_keeps_every_value_of_the_full_page():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from core.engine_metrics import _collect
+    from core.engine_metrics.parse import _collect
 
     for name in EXPECTED:
         text = read(name)

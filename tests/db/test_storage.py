@@ -8,8 +8,9 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 
 from collectors.config import CollectorConfig, EngineTarget, SidecarTarget
+from collectors.rollups import rollup_rows
 from collectors.scrape import ScrapeOutcome
-from collectors.store import Store, rollup_rows
+from collectors.store import Store
 from core import signals as sig
 from db import make_engine, queries
 from db.migrate import current_revision, head_revision, upgrade

@@ -119,3 +119,40 @@ def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
     assert run["summary"]["sessions_arrived"] == len(run["arrivals"]) > 0
     assert '"budgeter-park"' in audit  # the control switch went through the audited API
     assert (tmp_path / "run" / "run.png").stat().st_size > 0
+    # the engine's series the collapse-risk replay reads (simulator/live_record.py), one value a second
+    for key in (
+        "engine_prompt_tokens",
+        "engine_cached_tokens",
+        "generation_tokens",
+        "preemptions",
+        "kv_usage",
+    ):
+        assert len(s[key]) == 30 and None not in s[key], key
+    assert (
+        s["engine_prompt_tokens"] == sorted(s["engine_prompt_tokens"]) and s["engine_prompt_tokens"][-1] > 0
+    )
+    assert s["engine_prompt_tokens"][0] == 0 and s["generation_tokens"][-1] > 0
+    # ... and the replay runs on it (simulator live-warning)
+    (tmp_path / "fit.json").write_text(json.dumps({"set": {"prefill_per_token_s": "1e-3"}}))
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "simulator",
+            "live-warning",
+            str(tmp_path / "run"),
+            "--fit",
+            str(tmp_path / "fit.json"),
+            "--out",
+            str(tmp_path / "warn"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    warning = json.loads((tmp_path / "warn" / "live-warning.json").read_text())
+    row = warning["run_results"][0]
+    assert row["prefill_capacity_tokens_per_s"] == 1000.0 and row["capacity_from_fit"]
+    assert warning["engine"]["runs"] == warning["sidecar"]["runs"] == 1
