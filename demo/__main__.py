@@ -191,6 +191,14 @@ def rag_loadgen_args(speed: float) -> list[str]:
     return ["--sessions-per-s", "0", "--rag-preset", "--rag-storm-every", f"{every:g}"]
 
 
+def rag_sidecar_args(speed: float) -> list[str]:
+    """The rag scenario's sidecar judges the preset's windows (reuse, warmth) in engine time, as the offline run does."""
+    from simulator.offline import scenario_config
+
+    r = scenario_config("rag-storm").rag
+    return ["--window-s", f"{r.reuse_window_s / speed:g}", "--warmth-window", f"{r.warmth_window_s / speed:g}"]
+
+
 def set_control_mode(sidecar: str, token: str, mode: str) -> None:
     """Set the sidecar's control mode as an operator would: authenticated, and recorded in its audit log."""
     response = httpx.put(f"{sidecar}/control/budgeter", json={"mode": mode}, timeout=10,
@@ -242,7 +250,8 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
         Service("simulator", [py, "-m", "simulator", "serve", "--host", host, "--port", str(args.engine_port),
                               "--speed", str(args.speed), *seed], ready_url=f"{engine}/health"),
         Service("sidecar", [py, "-m", "sidecar", "--engine", engine, "--host", host,
-                            "--port", str(args.sidecar_port), "--state-db", str(args.data_dir / "sidecar.db")],
+                            "--port", str(args.sidecar_port), "--state-db", str(args.data_dir / "sidecar.db"),
+                            *(rag_sidecar_args(args.speed) if args.scenario == "rag" else [])],
                 ready_url=f"{sidecar}/healthz", env=common),
         Service("collectors", [py, "-m", "collectors", "--config", str(fleet), "--database-url", database_url],
                 env=common),

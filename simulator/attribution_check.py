@@ -13,7 +13,7 @@ it on stored turns, and the two splits are compared cause by cause. Within a tur
 counts per cause: the confusion matrix takes ``min(truth, attribution)`` of each cause on its
 diagonal and spreads the rest of each truth cause over the attribution causes left over, in
 proportion. *Agreement* of cause C: the share of ground-truth tokens of C that attribution also put
-in C.
+in C; *precision*: the share of the tokens attribution put in C that the ground truth has in C.
 """
 
 from __future__ import annotations
@@ -90,6 +90,9 @@ def compare(trace: list[dict[str, Any]], events: Events, block_size: int) -> dic
     truth_totals = totals(row["truth"] for row in rows)
     attributed_totals = totals(parts)
     agreement = {c: (round(matrix[c][c] / truth_totals[c], 4) if truth_totals[c] else None) for c in CAUSES}
+    precision = {
+        c: (round(matrix[c][c] / attributed_totals[c], 4) if attributed_totals[c] else None) for c in CAUSES
+    }
     uncached = sum(truth_totals.values())
     return {
         "turns": len(rows),
@@ -98,6 +101,7 @@ def compare(trace: list[dict[str, Any]], events: Events, block_size: int) -> dic
         "truth": truth_totals,
         "attribution": attributed_totals,
         "agreement": agreement,
+        "precision": precision,
         "overall_agreement": round(sum(matrix[c][c] for c in CAUSES) / uncached, 4) if uncached else None,
         "confusion": {c: {o: round(n) for o, n in cols.items() if n >= 0.5} for c, cols in matrix.items()},
         "truth_detail": detail,
@@ -138,17 +142,18 @@ def check(
 def table(report: dict[str, Any]) -> str:
     """The per-cause table (Markdown) of a report."""
     lines = [
-        "| cause | truth tokens | attributed tokens | agreement | where the rest of the truth went |",
-        "|---|---|---|---|---|",
+        "| cause | truth tokens | attributed tokens | agreement | precision | where the rest of the truth went |",
+        "|---|---|---|---|---|---|",
     ]
     for c in CAUSES:
         t, a = report["truth"][c], report["attribution"][c]
         if not t and not a:
             continue
-        share = report["agreement"][c]
+        share, precision = report["agreement"][c], report["precision"][c]
         rest = sorted(((n, o) for o, n in report["confusion"][c].items() if o != c and n), reverse=True)
         lines.append(
             f"| {c} | {t:,} | {a:,} | {'-' if share is None else f'{share:.1%}'} | "
+            f"{'-' if precision is None else f'{precision:.1%}'} | "
             + (", ".join(f"{o} {n / t:.1%}" for n, o in rest[:3]) if t else "-")
             + " |"
         )

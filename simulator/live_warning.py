@@ -73,6 +73,8 @@ def judge_live(result: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, 
     degraded = list(sm.get("degraded_at") or [])
     onset = we.onset_s(s["prompt_tokens"], s["cached_tokens"], degraded[0]) if degraded else None
     points = we.signal_points(result)
+    agent = result["config"].get("agent", {})
+    burst_s = float(agent["burst_start_min"]) * 60.0 if float(agent.get("burst_rate") or 0) > 0 else None
     out: dict[str, Any] = {
         "seed": result["seed"],
         "scenario": result["scenario"],
@@ -81,6 +83,7 @@ def judge_live(result: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, 
         "first_degraded_min": degraded[0] if degraded else None,
         "onset_s": onset,
         "onset_in_follow_up_s": None,
+        "burst_start_s": burst_s,
         "mean_prompt_tokens": round(mean_prompt, 1),
         "prefill_capacity_tokens_per_s": round(capacity, 1),
         "capacity_from_fit": fit is not None,
@@ -97,9 +100,9 @@ def judge_live(result: dict[str, Any], fit: dict[str, Any] | None) -> dict[str, 
 
 def markdown(rows: list[dict[str, Any]], figures: dict[str, Any]) -> str:
     lines = [
-        "| seed | scenario | control | collapsed | onset (s) | risk: first warning sidecar / engine (s) "
+        "| seed | scenario | control | collapsed | burst starts (s) | onset (s) | risk: first warning sidecar / engine (s) "
         "| lead sidecar / engine (s) | collapse alert: first / lead (sidecar, s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def first(times: list[float]) -> str:
@@ -109,7 +112,7 @@ def markdown(rows: list[dict[str, Any]], figures: dict[str, Any]) -> str:
         sc, en = r["sidecar"], r["engine"]
         lead = r["sidecar_lead_s"], r["engine_lead_s"]
         lines.append(
-            f"| {r['seed']} | {r['scenario']} | {r['control']} | {r['collapsed']} | {r['onset_s']} | "
+            f"| {r['seed']} | {r['scenario']} | {r['control']} | {r['collapsed']} | {r['burst_start_s']} | {r['onset_s']} | "
             f"{first(sc['collapse-risk'])} / {first(en['collapse-risk'])} | "
             f"{lead[0]['collapse-risk']} / {lead[1]['collapse-risk']} | "
             f"{first(sc['collapse'])} / {lead[0]['collapse']} |"

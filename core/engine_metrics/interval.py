@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 import core.engine_metrics.histograms as hist
 from core import rates
 from core import signals as sig
-from core.engine_metrics.snapshot import EngineSnapshot
+from core.engine_metrics.snapshot import COUNTERS, EngineSnapshot
+
+# each counter of `EngineSnapshot` (snapshot.COUNTERS) and the signal of its per-second rate
+RATE_SIGNAL = {
+    "prefix_cache_queries": sig.PREFIX_CACHE_QUERIES_PER_S,
+    "prefix_cache_hits": sig.PREFIX_CACHE_HITS_PER_S,
+    "prompt_tokens": sig.PROMPT_TOKENS_PER_S,
+    "generation_tokens": sig.GENERATION_TOKENS_PER_S,
+    "cached_tokens": sig.CACHED_TOKENS_PER_S,
+    "preemptions": sig.PREEMPTIONS_PER_S,
+}
 
 
 @dataclass(frozen=True)
@@ -49,14 +59,7 @@ def interval_signals(
     if prev is not None and prev_ts is not None and not restarted:
         elapsed = cur_ts - prev_ts
         deltas: dict[str, float | None] = {}
-        for attr in (
-            "prefix_cache_queries",
-            "prefix_cache_hits",
-            "prompt_tokens",
-            "generation_tokens",
-            "cached_tokens",
-            "preemptions",
-        ):
+        for attr in COUNTERS:
             before, after = getattr(prev, attr), getattr(cur, attr)
             if before is None or after is None:
                 deltas[attr] = None
@@ -67,14 +70,7 @@ def interval_signals(
             deltas[attr] = delta
         gap = elapsed <= 0 or (max_gap_s is not None and elapsed > max_gap_s)
         if not reset and not gap:
-            for attr, name in (
-                ("prefix_cache_queries", sig.PREFIX_CACHE_QUERIES_PER_S),
-                ("prefix_cache_hits", sig.PREFIX_CACHE_HITS_PER_S),
-                ("prompt_tokens", sig.PROMPT_TOKENS_PER_S),
-                ("generation_tokens", sig.GENERATION_TOKENS_PER_S),
-                ("cached_tokens", sig.CACHED_TOKENS_PER_S),
-                ("preemptions", sig.PREEMPTIONS_PER_S),
-            ):
+            for attr, name in RATE_SIGNAL.items():
                 delta = deltas[attr]
                 if delta is not None:
                     values[name] = delta / elapsed

@@ -12,10 +12,9 @@ from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
 from typing import Literal
 
-from prometheus_client.parser import text_string_to_metric_families
-
 import core.engine_metrics.histograms as hist
 from core.engine_metrics.snapshot import EngineKind, EngineSnapshot, ParsedPage
+from core.engine_metrics.text import read_families
 
 
 class MetricsPageError(ValueError):
@@ -126,7 +125,7 @@ def parse_engine_metrics(text: str, kind: str = "auto") -> ParsedPage:
         )
     filtered = filter_page(text)
     try:
-        families = list(text_string_to_metric_families(filtered))
+        families = read_families(filtered)
     except (ValueError, IndexError, TypeError, KeyError) as exc:
         raise MetricsPageError(f"malformed Prometheus text (truncated or garbled page?): {exc}") from None
     return _collect(families, detected)  # type: ignore[arg-type]

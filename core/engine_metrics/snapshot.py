@@ -16,6 +16,15 @@ import core.engine_metrics.histograms as hist
 from core import rates
 
 EngineKind = Literal["vllm", "sglang", "unknown"]
+# The cumulative counters of an `EngineSnapshot`: summed across labels, per-second rates over an interval.
+COUNTERS = (
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "prompt_tokens",
+    "generation_tokens",
+    "cached_tokens",
+    "preemptions",
+)
 
 
 @dataclass(frozen=True)
@@ -73,16 +82,7 @@ def sum_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
     if len(items) == 1:
         return replace(items[0], engine_label="")
     summed: dict[str, float | None] = {}
-    for name in (
-        "prefix_cache_queries",
-        "prefix_cache_hits",
-        "prompt_tokens",
-        "generation_tokens",
-        "cached_tokens",
-        "preemptions",
-        "requests_running",
-        "requests_waiting",
-    ):
+    for name in (*COUNTERS, "requests_running", "requests_waiting"):
         value: float | None = None
         for item in items:
             value = _add(value, getattr(item, name))

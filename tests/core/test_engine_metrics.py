@@ -374,3 +374,11 @@ def test_hit_ratio_always_in_unit_interval_and_never_negative_rates(q0, h0, dq, 
         assert 0.0 <= values[sig.ENGINE_HIT_RATIO] <= 1.0
     for name, value in values.items():
         assert value >= 0, name
+
+
+def test_every_counter_of_a_snapshot_has_its_rate_signal():
+    from core.engine_metrics.interval import RATE_SIGNAL
+    from core.engine_metrics.snapshot import COUNTERS, EngineSnapshot
+
+    assert tuple(RATE_SIGNAL) == COUNTERS
+    assert all(hasattr(EngineSnapshot(), name) for name in COUNTERS)

@@ -61,6 +61,7 @@ def test_agent_burst_with_parking_agrees_with_the_ground_truth(agent: dict) -> N
     assert truth["new"] == agent["attribution"]["new"]
     assert truth["partial-block"] == agent["attribution"]["partial-block"]
     assert agreement["evicted-parked"] == 1.0
+    assert agent["precision"]["evicted-pressure"] == 1.0 and agent["precision"]["evicted-parked"] >= 0.9
     # blocks evicted under pressure in the tool gap, before the session was parked at its turn boundary,
     # are attributed to parking (measured 94.9 %)
     assert agreement["evicted-pressure"] >= 0.94
@@ -72,9 +73,9 @@ def test_rag_storm_with_compaction_agrees_with_the_ground_truth(rag: dict) -> No
     assert truth["prefix-changed"] > 0 and rag["prefix_changes"] > 0
     assert agreement["cold"] == agreement["new"] == 1.0
     # a subtree never reused between two rewrites has no known prefix length: its rewrite shows as new
-    # tokens (measured 82.1 %)
+    # tokens (measured 84.5 %)
     assert agreement["prefix-changed"] >= 0.82
-    assert rag["overall_agreement"] >= 0.97  # measured 97.5 %
+    assert rag["overall_agreement"] >= 0.97  # measured 98.0 %
 
 
 def test_confusion_takes_the_diagonal_first_then_spreads_the_rest() -> None:
