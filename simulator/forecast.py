@@ -46,7 +46,9 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   per second, ``prefix_cache_queries_per_s - prefix_cache_hits_per_s`` (every
   prefill, recomputation after preemption included; else
   ``prompt_tokens_per_s - cached_tokens_per_s``), so ``P * y`` is the prefill
-  tokens sharing a step. A collapsed engine's long TTFTs are waiting (for the
+  tokens sharing a step; least squares of the relative residuals (each interval
+  divided by its ``y``: a healthy engine's steps are a hundredth of a collapsed
+  one's, and its intervals are what pins ``T0`` and ``gamma``). A collapsed engine's long TTFTs are waiting (for the
   queue and behind other prefills), not per-token cost; its decode steps are
   long because each carries a chunk of recomputed prefill, which this identity
   charges to ``alpha``. ``beta`` (attention) and offload loads are folded into
@@ -272,9 +274,11 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]], pool_tokens: float
             "tokens computed (prefix_cache_queries_per_s and prefix_cache_hits_per_s, or prompt_tokens_per_s "
             f"and cached_tokens_per_s); need {MIN_SAMPLES})"
         )
-    xs = [[1.0, k, p * y] for y, k, p in rows]
-    ys = [y for y, _, _ in rows]
-    varied = [len({round(x[i], 6) for x in xs}) > 1 for i in (1, 2)]
+    # relative residuals (each row divided by its y): step times span two orders of magnitude between a
+    # healthy engine and a collapsed one, and the few healthy intervals are what pins T0 and gamma
+    xs = [[1.0 / y, k / y, p] for y, k, p in rows]
+    ys = [1.0] * len(rows)
+    varied = [len({round(r[i], 6) for r in rows}) > 1 for i in (1, 2)]
     if varied[0] and varied[1]:
         t0, gamma, alpha = least_squares(xs, ys)
     elif varied[0]:  # no prefill variation: no slope to charge to it
@@ -282,7 +286,7 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]], pool_tokens: float
         alpha = 0.0
     else:  # one load level: no slope to separate; all of the step on the context it holds
         t0, alpha = 0.0, 0.0
-        gamma = statistics.median(ys) / xs[0][1] if xs[0][1] else 0.0
+        gamma = statistics.median(y for y, _, _ in rows) / rows[0][1] if rows[0][1] else 0.0
     return CostModel(
         step_overhead_s=t0,
         prefill_per_token_s=alpha,
