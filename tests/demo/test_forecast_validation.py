@@ -2,9 +2,10 @@
 
 The protocol (docs/dashboard.md, "Validation") runs the live collapse demo under `off` for 10 wall minutes,
 previews `budgeter-park` through the Budgeter page's code, applies it for real through the sidecar's
-authenticated control API and compares after 5 wall minutes. Here the same harness
-(`simulator.forecast_validate`) runs the same three seeds at once with `WARM_MIN` and `AFTER_MIN` wall
-minutes instead, so the whole test takes under 5 minutes; the tolerance is the issue's, unchanged.
+authenticated control API and compares after 5 wall minutes, at the demo's x10. Here the same harness
+(`simulator.forecast_validate`) runs the same three seeds at once at x20 with `WARM_MIN` and `AFTER_MIN`
+wall minutes instead (40 and 20 simulated minutes, against the protocol's 100 and 50), so the whole test
+takes under 5 minutes; the tolerance is the issue's, unchanged.
 """
 
 from __future__ import annotations
