@@ -181,6 +181,8 @@ class ControlPlane(Operator, TurnTracing):
             self.counters.unsessioned_requests += 1
         self.in_flight += 1
         ticket.started = time.monotonic()
+        if ticket.subtree is not None:
+            self.subtrees.begin(ticket.subtree, self.clock())  # the gate defers a subtree being loaded
 
     def finish_turn(
         self, ticket: TurnTicket, usage: tuple[int | None, int | None, int | None], ok: bool
@@ -190,6 +192,8 @@ class ControlPlane(Operator, TurnTracing):
             return
         ticket.finished = True
         self.in_flight -= 1
+        if ticket.subtree is not None:
+            self.subtrees.end(ticket.subtree)
         prompt, cached, completion, problem = checked_usage(
             *usage, self.budgeter.pool_tokens or UNBOUNDED_TOKENS
         )

@@ -207,6 +207,8 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float, watch: Watch | None = Non
             )
         )
         inflight[0] += n
+        if subtree is not None:
+            tracker.begin(subtree, now)  # in flight until it finishes, as the sidecar reports it
         on_request_counted(now)
 
     def finish(req: Request) -> None:
@@ -219,6 +221,7 @@ def run_rag(cfg: SimConfig, seed: int, minutes: float, watch: Watch | None = Non
             watch.turn(req, now, None, subtree, 0.0, 0.0, now - req.arrival)
         window.add(Turn(t=now, prompt_tokens=req.prompt_tokens, cached_tokens=cached))
         if subtree is not None:
+            tracker.end(subtree)
             tracker.record(subtree, now, req.prompt_tokens, cached)
 
     def arrival(now: float, data: tuple[int, str]) -> None:
