@@ -121,7 +121,8 @@ def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, A
 
 def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -> dict[str, Any]:
     """One seed of the protocol (module doc); the system it starts is stopped before it returns."""
-    from demo.__main__ import build_services, ensure_admin_account, set_control_mode, wait_ready
+    from demo.services import wait_ready
+    from demo.stack import build_services, ensure_admin_account, set_control_mode
 
     data_dir = (args.data_dir / f"seed-{seed}").resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
@@ -138,6 +139,7 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
         database_url=None,
         seed=seed,
         engine="simulator",
+        engine_url=None,
     )
     services = [s for s in build_services(ns, token) if s.name != "dashboard"]
     url = services[2].env["DATABASE_URL"]
