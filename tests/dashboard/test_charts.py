@@ -107,3 +107,22 @@ def test_a_count_chart_has_whole_number_ticks() -> None:
     )
     assert (fig.layout.yaxis.tick0, fig.layout.yaxis.dtick) == (0, 1)
     assert fig.layout.yaxis.range[1] >= 1.0
+
+
+def test_an_empty_backlog_layer_draws_no_line_on_top_of_the_stack() -> None:
+    now = 1_800_000_000.0
+    frame = pd.DataFrame(
+        {
+            "ts": [now - 20, now - 10] * 2,
+            "target_id": [1] * 4,
+            "engine_label": [""] * 4,
+            "signal": ["admitted", "admitted", "waiting", "waiting"],
+            "value": [4.0, 4.0, 0.0, 0.0],
+        }
+    )
+    fig = charts.backlog_figure(
+        frame, None, start=now - 900, end=now, now=now, stale_after=10.0, max_gap=60.0
+    )
+    stacked = [t for t in fig.data if t.stackgroup == "backlog"]
+    assert {t.name for t in stacked} == {"admitted", "waiting"}
+    assert all(t.line.width == 0 for t in stacked)
