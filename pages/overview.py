@@ -198,6 +198,7 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
         stale_after=settings.stale_after_seconds,
         max_gap=max(10.0, 3 * max(step, (end - start) / FLEET_POINTS)),
         marker_ts=window_now.at,
+        bucket_s=fc.bucket_seconds(start, end, FLEET_POINTS),
     )
 
     def worst(signal: str, highest: bool) -> list[tuple[int, str]]:

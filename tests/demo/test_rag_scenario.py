@@ -4,7 +4,10 @@ tests/simulator/test_rag_traffic.py.)"""
 
 from pathlib import Path
 
-from demo.__main__ import REPO, build_services, loadgen_args, parse_args, scenario_note
+from demo.__main__ import parse_args
+from demo.scenarios import loadgen_args, scenario_note
+from demo.services import REPO
+from demo.stack import build_services
 from simulator.offline import scenario_config
 
 

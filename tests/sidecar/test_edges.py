@@ -444,8 +444,8 @@ async def test_a_huge_budget_saved_before_the_clamp_is_capped_after_a_restart(tm
     from tests.stubs.stub_engine import StubEngine
 
     # a sidecar that knew neither the pool nor the context length stored a 10^12-token output budget
-    async with sidecar(tmp_path, engine=StubEngine(metrics=False)) as h:
-        h.cp.context_length = None
+    async with sidecar(tmp_path, engine=StubEngine(metrics=False, max_model_len=None)) as h:
+        assert h.cp.context_length is None
         assert h.cp.budgeter.pool_tokens is None
         assert (await h.chat("hog", max_tokens=10**12)).status_code == 200
         assert h.cp.budgeter.session("hog").output_budget == 10**12

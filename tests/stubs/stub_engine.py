@@ -47,6 +47,7 @@ class StubEngine:
         completion_tokens: int = 8,
         model: str = MODEL,
         metrics: bool = True,
+        max_model_len: int | None = 131072,
     ) -> None:
         self.pool_tokens = pool_tokens
         self.cached_report = cached_report
@@ -54,6 +55,7 @@ class StubEngine:
         self.completion_tokens = completion_tokens
         self.model = model
         self.metrics = metrics
+        self.max_model_len = max_model_len  # None: /v1/models does not report a context length
         self.blocks: OrderedDict[bytes, None] = OrderedDict()
         self.max_blocks = max(1, pool_tokens // BLOCK_TOKENS)
         self.requests = 0
@@ -180,10 +182,11 @@ class StubEngine:
                         "created": 0,
                         "owned_by": "stub",
                         "root": self.model,
-                        "max_model_len": 131072,
                     }
                 ],
             }
+            if self.max_model_len is not None:
+                models["data"][0]["max_model_len"] = self.max_model_len
             self.respond(writer, 200, json.dumps(models).encode())
             return
         if method == "GET" and path == "/health":
