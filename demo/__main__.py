@@ -90,6 +90,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default data/; data/collapse for the collapse scenario)",
     )
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the load generator and the simulated engine (default: a fresh one each run)",
+    )
+    parser.add_argument(
         "--database-url",
         default=setting(os.environ, "DATABASE_URL"),
         help="metrics database (default sqlite:///DATA_DIR/prefixops.db)",

@@ -92,6 +92,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
     if args.scenario == "collapse":
         toml += collapse_alert_table(args.speed)
     fleet.write_text(toml)
+    seed = [] if getattr(args, "seed", None) is None else ["--seed", str(args.seed)]
     common = {
         "DATABASE_URL": database_url,
         "PREFIXOPS_OPERATOR_TOKEN": operator_token,
@@ -111,6 +112,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
                 str(args.engine_port),
                 "--speed",
                 str(args.speed),
+                *seed,
             ],
             ready_url=f"{engine}/health",
         ),
@@ -169,6 +171,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
                 sidecar,
                 "--speed",
                 str(args.speed),
+                *seed,
                 *loadgen_args(args.scenario, args.speed),
             ],
         ),

@@ -1,5 +1,5 @@
 """Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,live-warning,
-replay,attribution-check}``; ``--help`` on each."""
+replay,attribution-check,forecast-validate}``; ``--help`` on each."""
 
 from __future__ import annotations
 
@@ -69,6 +69,13 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
         "replay",
         "what would have happened had the control switched at T, from an incident bundle",
         "simulator.replay",
+        "add_arguments",
+        "command",
+    ),
+    (
+        "forecast-validate",
+        "the Budgeter forecast of budgeter-park against the live collapse demo switched for real",
+        "simulator.forecast_validate",
         "add_arguments",
         "command",
     ),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.budgeter import PARKED, Budgeter, BudgeterConfig
+from core.risk import RiskSettings
 from core.runs import judge_run
 from simulator.config import SimConfig, SimConfigError
 from simulator.content import SegmentContent
@@ -32,6 +33,7 @@ from simulator.engine import Engine, Request
 from simulator.loop import EventLoop
 from simulator.truth import Watch
 
+PROJECTION_HORIZON_S = RiskSettings().projection_horizon_s
 CONTROLS = ("off", "admission-only", "latency-park", "session-cap-park", "budgeter-park")
 
 
@@ -49,6 +51,7 @@ SERIES_FIELDS = (
     "kv_usage",
     "kv_resident",
     "demand_tokens",
+    "projected_demand_tokens",  # core.projection over core.risk's horizon, as the sidecar reports it
     "running",
     "waiting",
     "preemptions",
@@ -275,6 +278,10 @@ def run_agent(
             round(1 - (pool.num_free() - pool.num_cached_free()) / pool.num_blocks, 4)
         )
         series["demand_tokens"].append(budgeter.demand_tokens())
+        recent = sum(raw.turns[max(0, second - 60) : second]) / 60.0  # turns/s, as the sidecar's 60-s window
+        series["projected_demand_tokens"].append(
+            budgeter.projected_demand_tokens(now, PROJECTION_HORIZON_S, recent)
+        )
         if watch is not None:
             watch.sample(now, budgeter.demand_tokens() / pool_tokens)
         series["running"].append(len(engine.running))

@@ -98,7 +98,7 @@ def create_app(
             "sessions_in_system": float(live.sessions_in_system()) if live else 0.0,
         }
 
-    registry = engine_registry(engine, created, extra)
+    registry = engine_registry(engine, created, extra, serve.speed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

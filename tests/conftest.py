@@ -9,9 +9,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
 
 from tests import support, xdist_groups
 from tests.db.pg import fresh_database, postgres_server
+
+# Property tests check results, not speed: a per-example deadline only measures the machine's load
+# (it failed tests/core/test_runs.py once under a loaded `-n 2` run).
+settings.register_profile("prefixops", deadline=None)
+settings.load_profile("prefixops")
 
 
 def _starts_processes(module: ModuleType) -> bool:

@@ -196,8 +196,9 @@ def test_filtering_keeps_every_value_of_the_full_page():
             continue
         full = _collect(list(text_string_to_metric_families(text)), page.kind)
         assert full.engines == page.engines, name
-    assert (
-        len(filter_page(read("vllm-0.33.0-statlogger.prom"))) < len(read("vllm-0.33.0-statlogger.prom")) / 3
+    # the kept lines: under 40% of the page (with the decode-time histogram the forecast's cost model needs)
+    assert len(filter_page(read("vllm-0.33.0-statlogger.prom"))) < 0.4 * len(
+        read("vllm-0.33.0-statlogger.prom")
     )
 
 
