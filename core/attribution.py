@@ -30,6 +30,12 @@ the parts always add up to the uncached count exactly:
      - ``evicted-parked``: the session was parked between the two turns (parking lets the prefix
        go; that is its purpose, and the price of getting out of collapse);
      - ``evicted-pressure``: KV demand was above the pool at some moment between the two turns;
+     - ``answer-retokenised``: a session's turn whose cached count reaches every whole block of
+       the previous *prompt* but stops short of the blocks holding the previous *answer*: the
+       engine cached the answer as the token ids it generated, and the client sent it back as
+       text that the chat template and tokenizer turned into other ids, so the prefix match ends
+       inside the answer. Measured on the real vLLM engine (random-weight model, byte-level BPE):
+       the re-tokenised answer diverged from the generated ids 2 to 38 tokens in (docs/turns.md);
      - ``unattributed``: none of the above fits (an eviction the sidecar cannot explain, a
        prompt that is not an extension of the previous one, a restarted engine).
 
@@ -60,6 +66,7 @@ CAUSES: tuple[str, ...] = (
     "routed-away",
     "evicted-parked",
     "evicted-pressure",
+    "answer-retokenised",
     "unattributed",
 )
 """Every cause, in the order of the module doc (charts stack them in this order)."""
@@ -151,11 +158,8 @@ def above_pool_intervals(
 
 def split_uncached(prompt: int, cached: int, reusable: int, block_size: int, cause: str) -> dict[str, int]:
     """Split ``prompt - cached`` into new, partial-block and ``cause`` (see the module doc)."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
     uncached = max(0, prompt - cached)
-    reach = max(0, min(reusable, prompt))
-    expected = reach // block_size * block_size
+    reach, expected = _reach(prompt, reusable, block_size)
     out: dict[str, int] = {}
     for name, size in (("new", prompt - reach), ("partial-block", reach - expected), (cause, uncached)):
         take = min(uncached, max(0, size))
@@ -201,9 +205,28 @@ def attribute(
         cause = "evicted-parked"
     elif events.under_pressure(since, turn.ts):
         cause = "evicted-pressure"
+    elif previous is not None and _answer_lost(turn, previous, block_size):
+        cause = "answer-retokenised"
     else:
         cause = "unattributed"
     return split_uncached(turn.prompt_tokens, turn.cached_tokens, reusable, block_size, cause)
+
+
+def _reach(prompt: int, reusable: int, block_size: int) -> tuple[int, int]:
+    """``(reach, expected)`` of the module doc."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    reach = max(0, min(reusable, prompt))
+    return reach, reach // block_size * block_size
+
+
+def _answer_lost(turn: Turn, previous: Turn, block_size: int) -> bool:
+    """Whether ``turn`` found every whole block of ``previous``'s prompt cached but fewer tokens
+    than it could reuse: the missing blocks are the ones holding the previous answer."""
+    cached = turn.cached_tokens or 0
+    _, expected = _reach(turn.prompt_tokens, previous.context, block_size)
+    _, prompt_blocks = _reach(turn.prompt_tokens, previous.prompt_tokens, block_size)
+    return prompt_blocks <= cached < expected
 
 
 @dataclass

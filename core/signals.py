@@ -29,6 +29,8 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
   ``output_len_p50/p90/p99``: prompt and output lengths of the requests finished in the interval,
   tokens. All from the engine's histograms over the last interval (`core.engine_metrics.histograms`).
 - ``pool_tokens``: KV pool size in tokens.
+- ``block_size``: KV block size in tokens (vLLM's ``cache_config_info``; the granularity of prefix
+  reuse, for `core.attribution`).
 
 Sidecar signals (engine label is always ""):
 
@@ -94,6 +96,7 @@ SERVING_QUANTILES: Final = tuple(
     for q in ("p50", "p90", "p99")
 )
 POOL_TOKENS: Final = "pool_tokens"
+BLOCK_SIZE: Final = "block_size"
 
 # Budgeter / backlog (sidecar)
 DEMAND_TOKENS: Final = "demand_tokens"
@@ -155,6 +158,7 @@ ENGINE_SIGNALS: Final = (
     TTFT_P90,
     TTFT_P99,
     POOL_TOKENS,
+    BLOCK_SIZE,
     *SERVING_QUANTILES,
 )
 SIDECAR_SIGNALS: Final = (

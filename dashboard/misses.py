@@ -26,6 +26,7 @@ CAUSE_COLORS = {
     "routed-away": "#1e88e5",
     "evicted-parked": "#fb8c00",
     "evicted-pressure": "#e53935",
+    "answer-retokenised": "#f9a825",
     "unattributed": "#6d4c41",
 }
 MAX_BUCKETS = 120
@@ -85,6 +86,7 @@ def attribution(conn: Any, ref: q.EngineRef, start: float, end: float) -> dict[s
         end_ts=end,
         bucket_s=bucket,
         engine_hits=hits,
+        block_size=queries.engine_block_size(conn, ref.engine_target_id),
     )
 
 

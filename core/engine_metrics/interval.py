@@ -55,6 +55,8 @@ def interval_signals(
             values[name] = float(value)
     if cur.pool_tokens is not None:
         values[sig.POOL_TOKENS] = float(cur.pool_tokens)
+    if cur.block_size is not None:
+        values[sig.BLOCK_SIZE] = float(cur.block_size)
     reset = restarted
     if prev is not None and prev_ts is not None and not restarted:
         elapsed = cur_ts - prev_ts

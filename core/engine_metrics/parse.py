@@ -143,6 +143,7 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
     buckets: dict[str, dict[str, dict[float, float]]] = {}  # label -> sample name -> le -> count
     hist_names = hist.names_for(kind)
     pools: dict[str, int] = {}
+    block_sizes: dict[str, int] = {}
     process_start: float | None = None
     models: set[str] = set()
     warnings: list[str] = []
@@ -189,6 +190,9 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
                 pool = _pool_from_cache_config(labels)
                 if pool is not None:
                     pools[label] = pool
+                block = _label_int(labels, "block_size")
+                if block is not None:
+                    block_sizes[label] = block
 
     if nonfinite:
         warnings.append(f"{nonfinite} NaN or infinite sample(s) ignored")
@@ -212,6 +216,7 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
             fields["pool_tokens"] = int(pool_value) if pool_value is not None else None
         else:
             fields["pool_tokens"] = pools.get(label)
+            fields["block_size"] = block_sizes.get(label)
             if fields.get("cached_tokens") is None:
                 fields["cached_tokens"] = fields.get("prefix_cache_hits")
         per_name = buckets.get(label, {})

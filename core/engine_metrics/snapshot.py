@@ -42,6 +42,8 @@ class EngineSnapshot:
     requests_running: float | None = None
     requests_waiting: float | None = None
     pool_tokens: int | None = None
+    block_size: int | None = None
+    """KV block size in tokens (vLLM ``cache_config_info`` ``block_size``; None when not reported)."""
     # TTFT histogram: cumulative (upper bound, count) pairs, ascending, +Inf last.
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     # The other serving histograms, (family, buckets) for each family present (see `histograms`).
@@ -110,6 +112,7 @@ def sum_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         requests_running=summed["requests_running"],
         requests_waiting=summed["requests_waiting"],
         pool_tokens=pool_total,
+        block_size=max((i.block_size for i in items if i.block_size is not None), default=None),
         ttft_buckets=hist.merge(item.ttft_buckets for item in items),
         histograms=others,
     )

@@ -12,7 +12,8 @@ By concern:
 - `db.queries.latest`: the newest sample per series, per target (`latest_samples`, `latest_signals`);
 - `db.queries.series`: points over a time range at a bounded resolution (`series_range`);
 - `db.queries.sidecar`: sidecar /state, sessions, subtrees, compaction decisions, the audit;
-- `db.queries.turns`: the turn trace and missed tokens by cause (`miss_attribution`);
+- `db.queries.turns`: the turn trace and missed tokens by cause (`miss_attribution`, with the engine's
+  KV block size from `engine_block_size`);
 - `db.queries.alerts`: alerts and silences, and the dashboard writes (`record_dashboard_action`,
   `acknowledge_alert`, `add_silence`, `expire_silence`).
 """
@@ -38,7 +39,7 @@ from db.queries.series import (
 )
 from db.queries.sidecar import audit, compaction_decisions, sessions, sidecar_state, subtrees
 from db.queries.targets import heartbeat, target_by_url, targets
-from db.queries.turns import miss_attribution, pressure_intervals, turns
+from db.queries.turns import engine_block_size, miss_attribution, pressure_intervals, turns
 
 __all__ = [
     "DEFAULT_MAX_POINTS",
@@ -67,6 +68,7 @@ __all__ = [
     "target_by_url",
     "target_totals",
     "targets",
+    "engine_block_size",
     "miss_attribution",
     "pressure_intervals",
     "turns",

@@ -25,6 +25,7 @@ from sqlalchemy import select
 from core import signals as sig
 from core.attribution import (
     CAUSES,
+    DEFAULT_BLOCK_SIZE,
     MISS_CAUSES,
     Attributor,
     Events,
@@ -126,6 +127,22 @@ def as_turn(row: dict[str, Any]) -> Turn:
     )
 
 
+def engine_block_size(conn: Conn, engine_target_id: int | None) -> int | None:
+    """The engine's KV block size (its newest ``block_size`` sample, any engine label), or None."""
+    if engine_target_id is None:
+        return None
+    found = rows(
+        conn,
+        select(Sample.value)
+        .join(Series, Series.id == Sample.series_id)
+        .where(Series.target_id == engine_target_id, Series.signal == sig.BLOCK_SIZE)
+        .order_by(Sample.ts.desc())
+        .limit(1),
+    )
+    value = found[0][0] if found else None
+    return int(value) if value is not None and value >= 1 else None
+
+
 def miss_attribution(
     conn: Conn,
     *,
@@ -135,20 +152,22 @@ def miss_attribution(
     bucket_s: float,
     engine_hits: dict[float, float] | None = None,
     top_sessions: int = 20,
+    block_size: int | None = None,
 ) -> dict[str, Any]:
     """Missed tokens by cause over ``[start_ts, end_ts)``.
 
     Returns ``{"buckets": [{"ts", "cached", <cause>: tokens, ..., "recomputed": tokens or None}],
     "totals": {cause: tokens}, "sessions": [{"session", "turns", "prompt_tokens", "missed", <cause>...}]}``,
     sessions ordered by missed tokens (the `MISS_CAUSES`), most first. ``engine_hits``: the engine's
-    prefix cache hit tokens per bucket start, for ``recomputed``.
+    prefix cache hit tokens per bucket start, for ``recomputed``. ``block_size``: the engine's KV
+    block size (`engine_block_size`; None: `core.attribution.DEFAULT_BLOCK_SIZE`).
     """
     lookback = start_ts - LOOKBACK_S
     events = Events(
         prefix_changes=prefix_changes(conn, lookback, end_ts),
         pressure=pressure_intervals(conn, lookback, end_ts),
     )
-    attributor = Attributor(events)
+    attributor = Attributor(events, block_size or DEFAULT_BLOCK_SIZE)
     wanted = set(sidecar_ids)
     buckets: dict[float, dict[str, Any]] = {}
     per_session: dict[str, dict[str, Any]] = {}

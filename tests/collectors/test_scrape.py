@@ -37,6 +37,7 @@ def test_engine_scrape_of_the_vllm_fixture():
     values = {(label, name): v for label, name, v in out.samples}
     assert values[("0", sig.KV_USAGE)] == pytest.approx(0.6013157894736842)
     assert values[("0", sig.REQUESTS_RUNNING)] == 7 and values[("0", sig.POOL_TOKENS)] == 12160
+    assert values[("0", sig.BLOCK_SIZE)] == 16  # cache_config_info block_size, for core.attribution
     assert values[("", sig.UP)] == 1.0 and ("", sig.SCRAPE_DURATION_S) in values
     assert ("0", sig.ENGINE_HIT_RATIO) not in values  # one scrape: no rate yet
     assert out.process_start_ts == 1.79593527806e09

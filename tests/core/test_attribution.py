@@ -172,3 +172,39 @@ def test_a_turn_forwarded_at_the_instant_of_a_rewrite_was_built_before_it() -> N
     events = Events(prefix_changes={"kb": [10.0]})
     assert not events.changed("kb", 5.0, 10.0) and events.changed("kb", 5.0, 10.5)
     assert events.last_change("kb", 10.0) is None and events.last_change("kb", 10.5) == 10.0
+
+
+# Turns measured on the real vLLM engine (block size 128, 40-token answers; docs/turns.md).
+def test_real_engine_block_size_makes_the_whole_tail_a_partial_block() -> None:
+    prev = turn(0, 1458, 0, completion=40)  # context 1458 + 40 - 1 = 1497: 11 blocks of 128 (1408)
+    now = turn(1, 1586, 1408)
+    assert attribute(now, prev, NO_EVENTS, block_size=128) == {"new": 89, "partial-block": 89}
+    # read with vLLM's GPU default of 16, the same turn looked like an unexplained miss
+    assert attribute(now, prev, NO_EVENTS) == {"new": 89, "partial-block": 9, "unattributed": 80}
+
+
+def test_missing_answer_blocks_are_answer_retokenised() -> None:
+    # the previous prompt's 14 whole blocks (1792) were found, its answer's block (to 1920) was not
+    prev = turn(0, 1881, 1792, completion=40)  # context 1920 = 15 blocks exactly
+    now = turn(1, 2017, 1792)
+    assert attribute(now, prev, NO_EVENTS, block_size=128) == {"new": 97, "answer-retokenised": 128}
+    prev = turn(0, 2020, 1920, completion=40)  # context 2059: 16 blocks (2048) and 11 tokens
+    now = turn(1, 2150, 1920)
+    assert attribute(now, prev, NO_EVENTS, block_size=128) == {
+        "new": 91,
+        "partial-block": 11,
+        "answer-retokenised": 128,
+    }
+    # a match stopping inside the previous prompt's blocks is not the answer's doing
+    assert attribute(turn(1, 2150, 1792), prev, NO_EVENTS, block_size=128) == {
+        "new": 91,
+        "partial-block": 11,
+        "unattributed": 256,
+    }
+    # any earlier cause that fits comes first
+    pressure = Events(pressure=[(0.5, 0.6)])
+    assert attribute(now, prev, pressure, block_size=128) == {
+        "new": 91,
+        "partial-block": 11,
+        "evicted-pressure": 128,
+    }

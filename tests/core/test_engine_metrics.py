@@ -383,3 +383,11 @@ def test_every_counter_of_a_snapshot_has_its_rate_signal():
 
     assert tuple(RATE_SIGNAL) == COUNTERS
     assert all(hasattr(EngineSnapshot(), name) for name in COUNTERS)
+
+
+def test_block_size_from_the_cache_config_and_stored_as_a_signal():
+    text = _two_engine_page(1, 1, 1, 1, cache_info='kv_cache_size_tokens="20480",block_size="128"')
+    page = parse_engine_metrics(text)
+    assert page.engines["0"].block_size == 128 and page.total().block_size == 128
+    assert interval_signals(None, None, page.total(), 10.0).values[sig.BLOCK_SIZE] == 128.0
+    assert parse_engine_metrics(_two_engine_page(1, 1, 1, 1)).total().block_size is None

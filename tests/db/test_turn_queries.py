@@ -115,3 +115,63 @@ def test_missed_tokens_by_cause_per_bucket_and_per_session(db_url):
     assert [s["missed"] for s in out["sessions"]] == [2144, 800 + 944, 500 + 656]
     assert only_a["totals"]["routed-away"] == 0 and only_a["buckets"][0]["recomputed"] is None
     engine.dispose()
+
+
+def test_the_engine_block_size_decides_the_partial_block_tail(db_url):
+    engine = make_engine(db_url)
+    upgrade(engine)
+    with engine.begin() as conn:
+        ids = {}
+        for role in ("sidecar", "engine"):
+            ids[role] = conn.execute(
+                insert(Target).values(
+                    url=f"http://{role}",
+                    role=role,
+                    kind="sidecar" if role == "sidecar" else "vllm",
+                    configured_kind="sidecar" if role == "sidecar" else "vllm",
+                    labels={},
+                    configured=True,
+                    interval_s=1.0,
+                    up=True,
+                    consecutive_failures=0,
+                    created_ts=T0,
+                )
+            ).inserted_primary_key[0]
+        rows = [(0, 1458, 0), (1, 1586, 1408)]  # measured on the real engine: 40-token answers
+        conn.execute(
+            insert(Turn),
+            [
+                {
+                    "target_id": ids["sidecar"],
+                    "epoch": 0,
+                    "remote_id": i + 1,
+                    "ts": T0 + ts,
+                    "session_id": "s1",
+                    "subtree_id": None,
+                    "prompt_tokens": prompt,
+                    "cached_tokens": cached,
+                    "completion_tokens": 40,
+                    "held_s": 0.0,
+                    "parked_s": 0.0,
+                    "latency_s": 0.1,
+                    "outcome": "ok",
+                    "model": None,
+                }
+                for i, (ts, prompt, cached) in enumerate(rows)
+            ],
+        )
+        sid = conn.execute(
+            insert(Series).values(target_id=ids["engine"], engine_label="0", signal="block_size")
+        ).inserted_primary_key[0]
+        conn.execute(insert(Sample), [{"series_id": sid, "ts": T0 + t, "value": 128.0} for t in (0, 5)])
+    with engine.connect() as conn:
+        block = queries.engine_block_size(conn, ids["engine"])
+        assert block == 128
+        assert queries.engine_block_size(conn, ids["sidecar"]) is None
+        assert queries.engine_block_size(conn, None) is None
+        kw = {"sidecar_ids": [ids["sidecar"]], "start_ts": T0, "end_ts": T0 + 60, "bucket_s": 60}
+        real = queries.miss_attribution(conn, block_size=block, **kw)["totals"]
+        assumed = queries.miss_attribution(conn, **kw)["totals"]
+    assert (real["cold"], real["new"], real["partial-block"], real["unattributed"]) == (1458, 89, 89, 0)
+    assert (assumed["new"], assumed["partial-block"], assumed["unattributed"]) == (89, 9, 80)
+    engine.dispose()
