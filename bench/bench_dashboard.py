@@ -148,6 +148,7 @@ def overview_times(urls: dict[str, tuple[str, float]], runs: int) -> dict[str, A
 
 def query_times(url: str, runs: int) -> dict[str, float]:
     """The database part alone: the Engine page's two series queries, per range."""
+    from dashboard import engine_view
     from dashboard import frames as q
     from db import make_engine
 
@@ -160,41 +161,9 @@ def query_times(url: str, runs: int) -> dict[str, float]:
             times = []
             for _ in range(runs):
                 started = time.perf_counter()
-                q.series_frame(
-                    conn,
-                    [ref.sidecar_target_id],
-                    (
-                        "token_weighted",
-                        "request_weighted",
-                        "divergence",
-                        "demand_fraction",
-                        "band_low",
-                        "band_high",
-                        "admitted",
-                        "parked",
-                        "waiting",
-                        "turns_per_s",
-                    ),
-                    end - span,
-                    end,
-                )
-                q.series_frame(
-                    conn,
-                    [ref.engine_target_id],
-                    (
-                        "engine_hit_ratio",
-                        "kv_usage",
-                        "ttft_p50",
-                        "ttft_p90",
-                        "ttft_p99",
-                        "prompt_tokens_per_s",
-                        "cached_tokens_per_s",
-                        "prefix_cache_hits_per_s",
-                        "prefix_cache_queries_per_s",
-                    ),
-                    end - span,
-                    end,
-                )
+                # the Engine page's own signal lists, so the bench times what the page reads
+                q.series_frame(conn, [ref.sidecar_target_id], engine_view.SIDECAR_SIGNALS, end - span, end)
+                q.series_frame(conn, [ref.engine_target_id], engine_view.ENGINE_SIGNALS, end - span, end)
                 times.append((time.perf_counter() - started) * 1000)
             out[label] = round(statistics.median(times), 1)
     engine.dispose()
@@ -248,13 +217,12 @@ LAST_WAITING_JS = """() => {
 
 
 def freshness(trials: int) -> dict[str, Any]:
-    from tests.browser.pw import browser_page, open_page
-    from tests.support import PYTHON, free_port, running
+    from tests.browser.pw import browser_page, open_page, streamlit_app
+    from tests.support import PYTHON, running
 
     stub = StubEngine()
     tmp = Path(tempfile.mkdtemp(prefix="bench-dash-"))
     url = f"sqlite:///{tmp / 'fresh.db'}"
-    port = free_port()
     samples: list[float] = []
     try:
         with running(
@@ -265,28 +233,8 @@ def freshness(trials: int) -> dict[str, Any]:
             while not (tmp / "fresh.db").exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
             time.sleep(2.5)
-            with (
-                running(
-                    [
-                        PYTHON,
-                        "-m",
-                        "streamlit",
-                        "run",
-                        "app.py",
-                        "--server.port",
-                        str(port),
-                        "--server.headless",
-                        "true",
-                    ],
-                    name="streamlit",
-                    env={"DATABASE_URL": url},
-                    ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-                    expect_text="ok",
-                    timeout=60,
-                ),
-                browser_page() as page,
-            ):
-                open_page(page, f"http://127.0.0.1:{port}/")
+            with streamlit_app(url) as base, browser_page() as page:
+                open_page(page, f"{base}/")
                 deadline = time.monotonic() + 60
                 while page.evaluate(LAST_WAITING_JS) is None and time.monotonic() < deadline:
                     time.sleep(0.2)

@@ -107,6 +107,11 @@ def state_signals(state: Mapping[str, Any]) -> dict[str, float]:
     if fraction is None and pool and demand is not None:
         fraction = demand / pool
     out[sig.DEMAND_FRACTION] = fraction
+    projected = num(_get(state, "budgeter", "projected_demand_fraction"))
+    projected_tokens = num(_get(state, "budgeter", "projected_demand_tokens"))
+    if projected is None and pool and projected_tokens is not None:
+        projected = projected_tokens / pool
+    out[sig.PROJECTED_DEMAND_FRACTION] = projected
     total = num(_get(state, "backlog", "total"))
     if total is None and all(out[k] is not None for k in (sig.ADMITTED, sig.PARKED, sig.WAITING)):
         total = sum(out[k] or 0.0 for k in (sig.ADMITTED, sig.PARKED, sig.WAITING))

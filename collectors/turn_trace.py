@@ -1,7 +1,7 @@
 """The collectors' part of the turn trace (issue 16 item 1): a sidecar's ``GET /turns`` pages into
 the ``turns`` table.
 
-Read like the audit and decision logs (`collectors.scrape.SidecarScraper._read_log`): from the
+Read like the audit and decision logs (`collectors.scrape_sidecar.SidecarScraper._read_log`): from the
 newest stored turn (the cursor, advanced only after the writer committed), in pages of
 ``after_id`` / ``limit``; stored once per (target, log epoch, remote id). Turns are deleted with
 the raw samples (`prune`), after ``raw_retention_h``.

@@ -73,6 +73,7 @@ from core.budgeter_config import (
     Decision,
     UnknownSession,
 )
+from core.projection import projected_demand
 
 __all__ = [
     "ADMITTED",
@@ -138,6 +139,7 @@ class Budgeter:
     # Kept up to date by _edit(), so a turn costs O(1) until parking is actually needed.
     _admitted_demand: int = field(default=0, repr=False)
     _counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SESSION_STATES, 0), repr=False)
+    _ended: list[int] = field(default_factory=lambda: [0, 0], repr=False)  # sessions ended, their turns
 
     # ----------------------------------------------------------------- settings
     def set_config(self, config: BudgeterConfig) -> None:
@@ -151,6 +153,14 @@ class Budgeter:
     # ------------------------------------------------------------------ queries
     def demand_tokens(self) -> int:
         return self._admitted_demand + sum(self._unsessioned.values())
+
+    def projected_demand_tokens(self, now: float, horizon_s: float, turns_per_s: float) -> int:
+        """Demand expected ``horizon_s`` from ``now`` at ``turns_per_s`` (`core.projection`; unsessioned stay)."""
+        mean_turns = self._ended[1] / self._ended[0] if self._ended[0] else None
+        admitted = [s for s in self._sessions.values() if s.state == ADMITTED]
+        arrivals = [s.arrived_at for s in self._sessions.values()]
+        projected = projected_demand(admitted, arrivals, mean_turns, turns_per_s, now, horizon_s)
+        return round(projected) + sum(self._unsessioned.values())
 
     def sessions(self) -> list[SessionState]:
         return [copy.copy(s) for s in self._sessions.values()]
@@ -306,6 +316,9 @@ class Budgeter:
         s = self._sessions.pop(session_id, None)
         if s is not None:
             self._counts[s.state] -= 1
+            if s.turns:
+                self._ended[0] += 1
+                self._ended[1] += s.turns
             if s.state == ADMITTED:
                 self._admitted_demand -= s.demand_tokens
         return s

@@ -16,13 +16,19 @@ Rules of ``decide_compaction`` (first match wins, per target subtree):
    window; only subtrees with hotness > 0 are eligible), which stay pinned and
    are deferred. This holds even in the thin-reuse regime.
 3. ``urgency="normal"``: while the thin-reuse regime holds and *any* target is
-   warm, defer every target. Otherwise grant cold targets and defer warm ones.
+   warm, defer every target. Otherwise defer warm targets, and cold ones with a
+   turn in flight (that turn is loading the subtree's blocks now: a rewrite would
+   throw its prefill away and make the next turn miss again); grant the rest.
 
-A subtree the tracker has never seen is cold (no cached blocks to lose).
+A subtree the tracker has never seen is cold (no cached blocks to lose). A turn is
+in flight from ``SubtreeTracker.begin`` to ``SubtreeTracker.end``; one not ended
+within the warmth window stops counting (a lost end cannot defer a subtree forever).
 
 API::
 
     tracker = SubtreeTracker(WarmthConfig(window_s=120.0, floor=3))
+    tracker.begin("rag-docs-1", now)              # a turn went to the engine
+    tracker.end("rag-docs-1")                     # ... and finished or failed
     tracker.record("rag-docs-1", now, prompt_tokens=6400, cached_tokens=6000)
     stats = tracker.stats(now)                    # dict[str, SubtreeStats]
     decisions = decide_compaction(
@@ -81,7 +87,8 @@ class SubtreeStats:
 
     ``turns``, ``prompt_tokens``, ``cached_tokens`` are lifetime totals (known turns
     only for the token counts); ``recent_hits`` and ``recent_cached_tokens`` cover the
-    warmth window. ``warm`` is ``recent_hits >= floor``.
+    warmth window. ``warm`` is ``recent_hits >= floor``. ``in_flight``: turns begun and not
+    ended, at most one warmth window old.
     """
 
     subtree_id: str
@@ -93,6 +100,7 @@ class SubtreeStats:
     recent_prompt_tokens: int
     warm: bool
     last_seen: float
+    in_flight: int = 0
 
     @property
     def token_weighted(self) -> float | None:
@@ -119,6 +127,7 @@ class SubtreeStats:
             "recent_token_weighted": self.recent_token_weighted,
             "warm": self.warm,
             "last_seen": self.last_seen,
+            "in_flight": self.in_flight,
         }
 
 
@@ -140,6 +149,8 @@ class _Subtree:
     last_seen: float = 0.0
     # (t, prompt_tokens, cached_tokens or -1 for unknown) within the warmth window
     recent: deque[tuple[float, int, int]] | None = None
+    # start times of turns in flight (begin ... end), oldest first
+    started: deque[float] | None = None
 
 
 class SubtreeTracker:
@@ -152,16 +163,32 @@ class SubtreeTracker:
         self.max_subtrees = max_subtrees
         self._subtrees: OrderedDict[str, _Subtree] = OrderedDict()
 
-    def record(self, subtree_id: str, now: float, prompt_tokens: int, cached_tokens: int | None) -> None:
-        """One completed turn under ``subtree_id``; ``cached_tokens=None`` is unknown (not a miss)."""
+    def _entry(self, subtree_id: str) -> _Subtree:
         sub = self._subtrees.get(subtree_id)
         if sub is None:
-            sub = _Subtree(recent=deque())
+            sub = _Subtree(recent=deque(), started=deque())
             self._subtrees[subtree_id] = sub
             while len(self._subtrees) > self.max_subtrees:
                 self._subtrees.popitem(last=False)
         else:
             self._subtrees.move_to_end(subtree_id)
+        return sub
+
+    def begin(self, subtree_id: str, now: float) -> None:
+        """A turn under ``subtree_id`` went to the engine: in flight until ``end`` (or one warmth window)."""
+        started = self._entry(subtree_id).started
+        assert started is not None
+        started.append(now)
+
+    def end(self, subtree_id: str) -> None:
+        """A turn begun under ``subtree_id`` finished or failed (a finished one is also ``record``-ed)."""
+        sub = self._subtrees.get(subtree_id)
+        if sub is not None and sub.started:
+            sub.started.popleft()
+
+    def record(self, subtree_id: str, now: float, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """One completed turn under ``subtree_id``; ``cached_tokens=None`` is unknown (not a miss)."""
+        sub = self._entry(subtree_id)
         prompt = max(0, int(prompt_tokens))
         sub.turns += 1
         sub.last_seen = max(sub.last_seen, now)
@@ -176,10 +203,12 @@ class SubtreeTracker:
         self._expire(sub, now)
 
     def _expire(self, sub: _Subtree, now: float) -> None:
-        assert sub.recent is not None
+        assert sub.recent is not None and sub.started is not None
         window_s = self.warmth.window_s
         while sub.recent and now - sub.recent[0][0] >= window_s:
             sub.recent.popleft()
+        while sub.started and now - sub.started[0] >= window_s:
+            sub.started.popleft()
 
     def stats(self, now: float) -> dict[str, SubtreeStats]:
         return {sid: self._stats_of(sid, sub, now) for sid, sub in self._subtrees.items()}
@@ -190,7 +219,7 @@ class SubtreeTracker:
 
     def _stats_of(self, sid: str, sub: _Subtree, now: float) -> SubtreeStats:
         self._expire(sub, now)
-        assert sub.recent is not None
+        assert sub.recent is not None and sub.started is not None
         hits = cached = prompt = 0
         for _, p, c in sub.recent:
             if c < 0:
@@ -208,6 +237,7 @@ class SubtreeTracker:
             recent_prompt_tokens=prompt,
             warm=hits >= self.warmth.floor,
             last_seen=sub.last_seen,
+            in_flight=len(sub.started),
         )
 
     def __len__(self) -> int:
@@ -280,6 +310,12 @@ def decide_compaction(
     return [
         decision(s, "deferred", f"warm: {s.recent_hits} recent cache hits (floor reached)")
         if s.warm
+        else decision(
+            s,
+            "deferred",
+            f"cold ({s.recent_hits} recent cache hits) but {s.in_flight} turn(s) in flight loading its blocks",
+        )
+        if s.in_flight > 0
         else decision(s, "granted", f"cold: {s.recent_hits} recent cache hits")
         for s in stats
     ]

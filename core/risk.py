@@ -9,6 +9,12 @@ Inputs (``points``: ``(ts, {signal: value})`` oldest first, the signals of `core
 collectors store them; ``now``: the clock, passed in). Two input sets, chosen by ``mode``:
 
 ``sidecar`` (a PrefixOps sidecar fronts the engine; its ``/state`` signals)
+    - ``demand_projection``: ``projected_demand_fraction``, the demand the admitted sessions are
+      expected to hold ``projection_horizon_s`` from now against the pool (`core.projection`: their
+      growth per turn, turns left and pace, plus arrivals; sessions due to end leave), mean over
+      ``level_s``. Without that signal: the ``level_s`` mean of ``demand_fraction`` plus its growth
+      per minute (least squares over ``trend_s``) times the horizon. Ramps ``projection_lo`` ..
+      ``projection_hi``.
     - ``kv_demand``: ``demand_fraction`` (KV demand of the admitted sessions / pool), mean over
       the last ``level_s``. Pressure ramps from ``demand_lo`` to ``demand_hi``.
     - ``demand_trend``: growth of ``demand_fraction`` per minute (least squares over ``trend_s``),
@@ -64,16 +70,24 @@ contribution), see `core.signals`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from core import signals as sig
+from core.risk_windows import Points, mean, rolling_best, slope_per_min, window
 
 Mode = Literal["sidecar", "engine"]
 MODES: tuple[Mode, ...] = ("sidecar", "engine")
 
-SIDECAR_INPUTS = ("kv_demand", "demand_trend", "session_flow", "missed_prefill", "rt_trend")
+SIDECAR_INPUTS = (
+    "demand_projection",
+    "kv_demand",
+    "demand_trend",
+    "session_flow",
+    "missed_prefill",
+    "rt_trend",
+)
 ENGINE_INPUTS = (
     "kv_usage",
     "queue",
@@ -88,6 +102,7 @@ ALL_INPUTS = tuple(dict.fromkeys(SIDECAR_INPUTS + ENGINE_INPUTS))
 
 # What each input means, for summaries, the pages and the runbook.
 WHY: dict[str, str] = {
+    "demand_projection": "demand the admitted sessions will hold in a minute (growth, turns left, arrivals) vs the pool",
     "kv_demand": "KV demand of admitted sessions vs the pool: above 1 their prefixes evict each other",
     "demand_trend": "demand still growing near the pool: the overflow is coming, not passing",
     "session_flow": "sessions arriving faster than they complete: the backlog (and demand) keeps growing",
@@ -101,6 +116,7 @@ WHY: dict[str, str] = {
     "throughput": "generated tokens/s falling while the prompt load does not",
 }
 UNITS: dict[str, str] = {
+    "demand_projection": "of pool",
     "kv_demand": "of pool",
     "demand_trend": "of pool/min",
     "session_flow": "sessions/min",
@@ -120,6 +136,7 @@ assert set(SIGNAL_OF_INPUT.values()) == set(sig.RISK_INPUT_SIGNALS), "core.signa
 INPUT_SIGNALS = frozenset(
     {
         sig.DEMAND_FRACTION,
+        sig.PROJECTED_DEMAND_FRACTION,
         sig.DEMAND_TOKENS,
         sig.ADMITTED,
         sig.SESSIONS_IN_SYSTEM,
@@ -146,7 +163,10 @@ class RiskSettings:
     trend_s: float = 60.0
     reference_s: float = 300.0
     prefill_capacity_tokens_per_s: float = 10_000.0
+    projection_horizon_s: float = 60.0
     # sidecar inputs
+    projection_lo: float = 1.1
+    projection_hi: float = 1.2
     demand_lo: float = 1.0
     demand_hi: float = 1.25
     demand_trend_floor: float = 0.9
@@ -169,8 +189,9 @@ class RiskSettings:
     preempt_lo: float = 0.05
     preempt_hi: float = 0.35
     # weights (a contribution is weight x pressure; the score is their sum, capped at 1)
-    w_kv_demand: float = 0.7
-    w_demand_trend: float = 0.3
+    w_demand_projection: float = 0.6
+    w_kv_demand: float = 0.5
+    w_demand_trend: float = 0.2
     w_session_flow: float = 0.1
     w_missed_prefill: float = 0.4
     w_rt_trend: float = 0.2
@@ -193,10 +214,17 @@ class RiskSettings:
                 raise ValueError(f"risk setting {f.name} must be a finite number, got {value!r}")
             if value < 0:
                 raise ValueError(f"risk setting {f.name} must not be negative, got {value}")
-        for name in ("level_s", "trend_s", "reference_s", "prefill_capacity_tokens_per_s"):
+        for name in (
+            "level_s",
+            "trend_s",
+            "reference_s",
+            "prefill_capacity_tokens_per_s",
+            "projection_horizon_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"risk setting {name} must be positive, got {getattr(self, name)}")
         for lo, hi in (
+            ("projection_lo", "projection_hi"),
             ("demand_lo", "demand_hi"),
             ("demand_growth_lo", "demand_growth_hi"),
             ("flow_lo", "flow_hi"),
@@ -297,59 +325,10 @@ def ramp(value: float | None, lo: float, hi: float) -> float:
     return (value - lo) / (hi - lo)
 
 
-# ------------------------------------------------------------------ window helpers
-Points = Sequence[tuple[float, Mapping[str, float]]]
-
-
-def _window(points: Points, name: str, start: float, end: float) -> list[tuple[float, float]]:
-    """(ts, value) of ``name`` with start < ts <= end, oldest first (scans from the newest point)."""
-    out: list[tuple[float, float]] = []
-    for ts, values in reversed(points):
-        if ts <= start:
-            break
-        if ts <= end and name in values:
-            out.append((ts, values[name]))
-    out.reverse()
-    return out
-
-
-def _mean(pts: list[tuple[float, float]]) -> float | None:
-    return sum(v for _, v in pts) / len(pts) if pts else None
-
-
-def slope_per_min(pts: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (ts, value) per minute; None under 3 points or no time spread."""
-    n = len(pts)
-    if n < 3:
-        return None
-    mt = sum(t for t, _ in pts) / n
-    mv = sum(v for _, v in pts) / n
-    stt = sum((t - mt) ** 2 for t, _ in pts)
-    if stt <= 0:
-        return None
-    return 60.0 * sum((t - mt) * (v - mv) for t, v in pts) / stt
-
-
-def _rolling_best(pts: list[tuple[float, float]], span_s: float) -> float | None:
-    """Highest mean of ``pts`` over any trailing ``span_s`` (ends at each point), None when empty."""
-    best: float | None = None
-    lo = 0
-    acc = 0.0
-    for hi, (t, v) in enumerate(pts):
-        acc += v
-        while pts[lo][0] <= t - span_s:
-            acc -= pts[lo][1]
-            lo += 1
-        m = acc / (hi - lo + 1)
-        if best is None or m > best:
-            best = m
-    return best
-
-
 def _drop(pts: list[tuple[float, float]], now: float, s: RiskSettings) -> float | None:
     """How far the last ``level_s`` mean sits below the best ``level_s`` mean of the reference window."""
-    recent = _mean([p for p in pts if p[0] > now - s.level_s])
-    best = _rolling_best(pts, s.level_s)
+    recent = mean([p for p in pts if p[0] > now - s.level_s])
+    best = rolling_best(pts, s.level_s)
     if recent is None or best is None:
         return None
     return max(0.0, best - recent)
@@ -358,17 +337,17 @@ def _drop(pts: list[tuple[float, float]], now: float, s: RiskSettings) -> float 
 # ------------------------------------------------------------------ the model
 def _missed(points: Points, now: float, s: RiskSettings, *, sidecar: bool) -> float | None:
     start = now - s.level_s
-    prompt = _window(points, sig.PROMPT_TOKENS_PER_S, start, now)
-    cached = dict(_window(points, sig.CACHED_TOKENS_PER_S, start, now))
+    prompt = window(points, sig.PROMPT_TOKENS_PER_S, start, now)
+    cached = dict(window(points, sig.CACHED_TOKENS_PER_S, start, now))
     engine = [p - cached[t] for t, p in prompt if t in cached]
     if engine:
         return sum(engine) / len(engine)
     if not sidecar:
         return None
-    turns = _mean(_window(points, sig.TURNS_PER_S, start, now))
-    rt = _mean(_window(points, sig.TOKEN_WEIGHTED, start, now))
-    demand = _mean(_window(points, sig.DEMAND_TOKENS, start, now))
-    admitted = _mean(_window(points, sig.ADMITTED, start, now))
+    turns = mean(window(points, sig.TURNS_PER_S, start, now))
+    rt = mean(window(points, sig.TOKEN_WEIGHTED, start, now))
+    demand = mean(window(points, sig.DEMAND_TOKENS, start, now))
+    admitted = mean(window(points, sig.ADMITTED, start, now))
     if turns is None or rt is None or demand is None or not admitted:
         return None
     return turns * (demand / admitted) * (1.0 - rt)
@@ -376,11 +355,11 @@ def _missed(points: Points, now: float, s: RiskSettings, *, sidecar: bool) -> fl
 
 def _engine_hit_drop(points: Points, now: float, s: RiskSettings) -> float | None:
     ref_start = now - s.reference_s
-    hits = _window(points, sig.PREFIX_CACHE_HITS_PER_S, ref_start, now)
-    queries = dict(_window(points, sig.PREFIX_CACHE_QUERIES_PER_S, ref_start, now))
+    hits = window(points, sig.PREFIX_CACHE_HITS_PER_S, ref_start, now)
+    queries = dict(window(points, sig.PREFIX_CACHE_QUERIES_PER_S, ref_start, now))
     pairs = [(t, h, queries[t]) for t, h in hits if t in queries]
     if not pairs:
-        return _drop(_window(points, sig.ENGINE_HIT_RATIO, ref_start, now), now, s)
+        return _drop(window(points, sig.ENGINE_HIT_RATIO, ref_start, now), now, s)
     # ratio of sums over each trailing level_s window, at every point
     ratios: list[tuple[float, float]] = []
     lo = 0
@@ -406,32 +385,36 @@ def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str
     ref = now - s.reference_s
     out: dict[str, float | None] = {}
     if mode == "sidecar":
-        demand = _mean(_window(points, sig.DEMAND_FRACTION, level, now))
+        demand = mean(window(points, sig.DEMAND_FRACTION, level, now))
         out["kv_demand"] = demand
         above = demand is not None and demand >= s.demand_trend_floor
-        growth = slope_per_min(_window(points, sig.DEMAND_FRACTION, trend, now))
+        growth = slope_per_min(window(points, sig.DEMAND_FRACTION, trend, now))
+        projected = mean(window(points, sig.PROJECTED_DEMAND_FRACTION, level, now))
+        if projected is None and demand is not None and growth is not None:
+            projected = demand + growth * s.projection_horizon_s / 60.0
+        out["demand_projection"] = projected
         out["demand_trend"] = None if growth is None or demand is None else (growth if above else 0.0)
-        flow = slope_per_min(_window(points, sig.SESSIONS_IN_SYSTEM, trend, now))
+        flow = slope_per_min(window(points, sig.SESSIONS_IN_SYSTEM, trend, now))
         out["session_flow"] = None if flow is None or demand is None else (flow if above else 0.0)
         missed = _missed(points, now, s, sidecar=True)
         out["missed_prefill"] = None if missed is None else missed / s.prefill_capacity_tokens_per_s
-        out["rt_trend"] = _drop(_window(points, sig.TOKEN_WEIGHTED, ref, now), now, s)
+        out["rt_trend"] = _drop(window(points, sig.TOKEN_WEIGHTED, ref, now), now, s)
         return out
-    out["kv_usage"] = _mean(_window(points, sig.KV_USAGE, level, now))
-    out["queue"] = _mean(_window(points, sig.REQUESTS_WAITING, level, now))
-    out["queue_growth"] = slope_per_min(_window(points, sig.REQUESTS_WAITING, trend, now))
-    out["preemptions"] = _mean(_window(points, sig.PREEMPTIONS_PER_S, level, now))
+    out["kv_usage"] = mean(window(points, sig.KV_USAGE, level, now))
+    out["queue"] = mean(window(points, sig.REQUESTS_WAITING, level, now))
+    out["queue_growth"] = slope_per_min(window(points, sig.REQUESTS_WAITING, trend, now))
+    out["preemptions"] = mean(window(points, sig.PREEMPTIONS_PER_S, level, now))
     out["hit_trend"] = _engine_hit_drop(points, now, s)
     missed = _missed(points, now, s, sidecar=False)
     out["missed_prefill"] = None if missed is None else missed / s.prefill_capacity_tokens_per_s
-    gen = _window(points, sig.GENERATION_TOKENS_PER_S, ref, now)
+    gen = window(points, sig.GENERATION_TOKENS_PER_S, ref, now)
     drop = _drop(gen, now, s)
     if drop is not None:
-        best = _rolling_best(gen, s.level_s) or 0.0
+        best = rolling_best(gen, s.level_s) or 0.0
         drop = drop / best if best > 0 else 0.0
-        prompt = _window(points, sig.PROMPT_TOKENS_PER_S, ref, now)
+        prompt = window(points, sig.PROMPT_TOKENS_PER_S, ref, now)
         prompt_drop = _drop(prompt, now, s)
-        prompt_best = _rolling_best(prompt, s.level_s) or 0.0
+        prompt_best = rolling_best(prompt, s.level_s) or 0.0
         if prompt_drop is not None and prompt_best > 0 and prompt_drop / prompt_best >= drop:
             drop = 0.0  # less work offered, not a symptom
     out["throughput"] = drop
@@ -440,6 +423,7 @@ def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str
 
 def _pressure(name: str, value: float | None, s: RiskSettings) -> float:
     lo, hi = {
+        "demand_projection": (s.projection_lo, s.projection_hi),
         "kv_demand": (s.demand_lo, s.demand_hi),
         "demand_trend": (s.demand_growth_lo, s.demand_growth_hi),
         "session_flow": (s.flow_lo, s.flow_hi),

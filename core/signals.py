@@ -23,7 +23,9 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
   over engine labels (sum the rates, then divide).
 - ``ttft_p50``, ``ttft_p90``, ``ttft_p99``: time to first token, seconds.
 - ``e2e_p50/p90/p99`` (end-to-end request latency), ``itl_p50/p90/p99`` (inter-token latency),
-  ``queue_time_p50/p90/p99`` (time in the engine's queue), seconds; ``prompt_len_p50/p90/p99`` and
+  ``queue_time_p50/p90/p99`` (time in the engine's queue) and ``decode_time_p50/p90/p99`` (first
+  token to last; vLLM only), seconds;
+  ``prompt_len_p50/p90/p99`` and
   ``output_len_p50/p90/p99``: prompt and output lengths of the requests finished in the interval,
   tokens. All from the engine's histograms over the last interval (`core.engine_metrics.histograms`).
 - ``pool_tokens``: KV pool size in tokens.
@@ -88,7 +90,7 @@ TTFT_P90: Final = "ttft_p90"
 TTFT_P99: Final = "ttft_p99"
 SERVING_QUANTILES: Final = tuple(
     f"{family}_{q}"
-    for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len")
+    for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len", "decode_time")
     for q in ("p50", "p90", "p99")
 )
 POOL_TOKENS: Final = "pool_tokens"
@@ -96,6 +98,7 @@ POOL_TOKENS: Final = "pool_tokens"
 # Budgeter / backlog (sidecar)
 DEMAND_TOKENS: Final = "demand_tokens"
 DEMAND_FRACTION: Final = "demand_fraction"
+PROJECTED_DEMAND_FRACTION: Final = "projected_demand_fraction"  # core.projection over core.risk's horizon
 BAND_LOW: Final = "band_low"
 BAND_HIGH: Final = "band_high"
 TURNS_PER_S: Final = "turns_per_s"
@@ -117,6 +120,7 @@ RISK_PREFIX: Final = "risk_"
 RISK_INPUT_SIGNALS: Final = tuple(
     RISK_PREFIX + name
     for name in (
+        "demand_projection",
         "kv_demand",
         "demand_trend",
         "session_flow",
@@ -162,6 +166,7 @@ SIDECAR_SIGNALS: Final = (
     POOL_TOKENS,
     DEMAND_TOKENS,
     DEMAND_FRACTION,
+    PROJECTED_DEMAND_FRACTION,
     BAND_LOW,
     BAND_HIGH,
     TURNS_PER_S,

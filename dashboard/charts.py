@@ -379,7 +379,9 @@ def backlog_figure(
                 name=LABELS[signal],
                 stackgroup="backlog",
                 mode="lines",
-                line=dict(color=COLORS[signal], width=1),
+                # filled areas only: a 1-px edge of an empty layer (0 waiting) drew a "waiting" line on top
+                # of the admitted stack, which read as sessions waiting (seen on the real-engine demo)
+                line=dict(color=COLORS[signal], width=0),
             ),
             secondary_y=False,
         )

@@ -7,6 +7,9 @@ and fleet charts as distributions across engines.
   scrape (engine and sidecar apart).
 - `sort_rows`: worst state first, then lowest R_t, then natural name order.
 - `matches`: the filter by name or ``key=value`` label.
+- `table_text`: the number columns as the table shows them, a blank where a value is unknown (Streamlit
+  draws a missing number as "None", which reads like a value); `NUMBER_COLUMNS` says how each is
+  formatted and, in its help text, where it comes from and what a blank means.
 - `quantile_frame`: p10/p50/p90 of a signal across engines per time bucket; `worst`: the few engines
   drawn on top of the distribution.
 """
@@ -20,6 +23,47 @@ import pandas as pd
 
 from dashboard.frames import EngineRef, Latest, TargetHealth, natural_key
 from dashboard.status import EngineStatus, Queue, age_text, engine_status
+
+_SIDECAR_BLANK = "Blank: no sidecar fronts this engine, or it has not reported this yet."
+_ENGINE_BLANK = "Blank: the engine's /metrics has not reported it (not scraped yet, or down since the start)."
+# column -> (format: printf-style or "percent", help text)
+NUMBER_COLUMNS: dict[str, tuple[str, str]] = {
+    "R_t": ("%.2f", f"token-weighted hit rate (sidecar). {_SIDECAR_BLANK}"),
+    "R_r": ("%.2f", f"request-weighted hit rate (sidecar). {_SIDECAR_BLANK}"),
+    "D": ("%.2f", f"R_r - R_t, same /state snapshot as the state. {_SIDECAR_BLANK}"),
+    "demand / pool": (
+        "percent",
+        f"KV demand of the admitted sessions / the KV pool (sidecar). {_SIDECAR_BLANK}",
+    ),
+    "waiting at sidecar": ("%d", f"sessions waiting for admission (sidecar). {_SIDECAR_BLANK}"),
+    "parked": ("%d", f"sessions parked by the budgeter or an operator (sidecar). {_SIDECAR_BLANK}"),
+    "in system": ("%d", f"sessions in the system (sidecar). {_SIDECAR_BLANK}"),
+    "turns/s": ("%.2f", f"turns per second through the sidecar. {_SIDECAR_BLANK}"),
+    "KV usage": ("percent", f"the engine's KV-cache usage gauge, mean over its labels. {_ENGINE_BLANK}"),
+    "engine running": ("%d", f"requests running in the engine, summed over its labels. {_ENGINE_BLANK}"),
+    "engine waiting": ("%d", f"requests waiting in the engine, summed over its labels. {_ENGINE_BLANK}"),
+    "open alerts": ("%d", "alerts firing on the engine or its sidecar"),
+}
+
+
+def number_text(value: Any, fmt: str) -> str:
+    """``value`` formatted by ``fmt`` (printf-style, or "percent"); "" when unknown (None or NaN)."""
+    if value is None or value != value:
+        return ""
+    return f"{value:.0%}" if fmt == "percent" else fmt % value
+
+
+def table_text(table: pd.DataFrame, formats: Mapping[str, str]) -> pd.DataFrame:
+    """The columns of ``table`` named in ``formats`` as text (`number_text`), right-justified to one width
+    per column so that sorting the text sorts the non-negative numbers (the padding is invisible
+    in a right-aligned column)."""
+    out = table.copy()
+    for column, fmt in formats.items():
+        if column in out:
+            cells = [number_text(v, fmt) for v in out[column]]
+            width = max((len(c) for c in cells), default=0)
+            out[column] = [c.rjust(width) for c in cells]
+    return out
 
 
 def _num(value: Any) -> float | None:

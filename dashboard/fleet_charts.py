@@ -9,6 +9,7 @@ shaded as on every chart (`dashboard.charts.add_staleness`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import pandas as pd
@@ -16,8 +17,14 @@ import plotly.graph_objects as go
 
 from dashboard import charts
 from dashboard.fleet import quantile_frame
+from db.queries.series import choose_resolution
 
 WORST_COLORS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
+
+
+def bucket_seconds(start: float, end: float, max_points: int) -> float:
+    """The bucket width a series read of [start, end] at `max_points` comes in (0 = raw samples)."""
+    return choose_resolution(start, end, max_points=max_points)[1]
 
 
 def drop_frozen(frame: pd.DataFrame, frozen_after: Mapping[int, float]) -> pd.DataFrame:
@@ -45,8 +52,14 @@ def distribution_figure(
     threshold_label: str | None = None,
     tickformat: str | None = None,
     marker_ts: float | None = None,
+    bucket_s: float = 0.0,
 ) -> go.Figure:
-    """p10-p90 band and p50 of `signal` across engines, and the `worst` (target id, name) engines as lines."""
+    """p10-p90 band and p50 of `signal` across engines, and the `worst` (target id, name) engines as lines.
+
+    `bucket_s`: the width of the buckets the frame was read in (`bucket_seconds`). A bucket is stamped with
+    its start, so its newest sample can be up to a bucket later: the chart is stale only when even the end
+    of its newest bucket is older than `stale_after`.
+    """
     fig = go.Figure()
     q = quantile_frame(frame, signal)
     if not q.empty:
@@ -114,9 +127,15 @@ def distribution_figure(
         tickformat=tickformat,
         nticks=6,
     )
+    if tickformat == "d":  # counts: whole-number ticks (a 0..1 range would otherwise read 0, 0, 0, 1)
+        values = frame.loc[frame["signal"] == signal, "value"] if not frame.empty else pd.Series(dtype=float)
+        top = float(values.max()) if len(values) and pd.notna(values.max()) else 0.0
+        fig.update_yaxes(tick0=0, dtick=max(1, math.ceil(top / 5)), range=[0, max(1.0, top) * 1.05])
     if marker_ts is not None:
         charts.mark_moment(fig, marker_ts)
-    charts.add_staleness(fig, None if frame.empty else float(frame["ts"].max()), min(now, end), stale_after)
+    charts.add_staleness(
+        fig, None if frame.empty else float(frame["ts"].max()), min(now, end), stale_after + bucket_s
+    )
     fig.update_layout(**{**charts.BASE_LAYOUT, "height": 290}, title=dict(text=title, font=dict(size=14)))
     fig.update_xaxes(range=[charts.to_time(start), charts.to_time(end)])
     return fig

@@ -13,6 +13,7 @@ runs side by side.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,19 +29,24 @@ from dashboard.frames import EngineRef
 from dashboard.settings import Settings
 from dashboard.ui import escape_md
 from db.queries.turns import turns as stored_turns
-from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
+from simulator.forecast import COST_WINDOW_S, WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_run import run_forecast
 
-LATENCY_SIGNALS = (
+LATENCY_SIGNALS = (  # what `simulator.forecast.cost_from_latencies` reads
     "itl_p50",
+    "decode_time_p50",
+    "output_len_p50",
+    "e2e_p50",
+    "ttft_p50",
+    "kv_usage",
     "requests_running",
     "prompt_len_p50",
-    "ttft_p50",
-    "queue_time_p50",
-    "engine_hit_ratio",
-    "e2e_p50",
-    "output_len_p50",
+    "prefix_cache_queries_per_s",
+    "prefix_cache_hits_per_s",
+    "prompt_tokens_per_s",
+    "cached_tokens_per_s",
 )
+COST_POINTS = 4000
 ROWS = (
     ("R_t (whole run)", "r_t"),
     ("R_t (last 5 min)", "r_t_last_5min"),
@@ -97,25 +103,43 @@ def turn_rows(url: str, sidecar_id: int, since: float) -> list[dict[str, Any]]:
 def latency_samples(url: str, engine_id: int | None, start: float, end: float) -> list[dict[str, Any]]:
     if engine_id is None:
         return []
-    frame = data.series(url, (engine_id,), LATENCY_SIGNALS, start, end)
+    # as fine as stored: each interval is a point of the cost model's regression (raw samples for hours)
+    frame = data.series(url, (engine_id,), LATENCY_SIGNALS, start, end, max_points=COST_POINTS)
     if frame.empty:
         return []
     wide = frame.pivot_table(index=["ts", "engine_label"], columns="signal", values="value", aggfunc="last")
     return [{k: v for k, v in row.items() if pd.notna(v)} for row in wide.to_dict("records")]
 
 
+def _fit_files(spec: str) -> list[Path]:
+    out: list[Path] = []
+    for part in filter(None, spec.split(os.pathsep)):
+        p = Path(part)
+        out.extend(sorted(p.glob("*.json")) if p.is_dir() else [p])
+    return out
+
+
 def fit_of(path: str | None, engine_url: str | None) -> tuple[dict[str, Any] | None, str]:
-    """The fit file's ``set`` when ``path`` (``PREFIXOPS_FIT``) is one of this engine; and a note on it."""
+    """The ``set`` of the fit file of this engine among ``PREFIXOPS_FIT``, and a note on it.
+
+    ``PREFIXOPS_FIT`` is a `simulator fit` file, a directory of them (``*.json``), or several of either
+    separated by ``os.pathsep``; a file is this engine's when its ``engine`` URL is the engine's.
+    """
     if not path:
         return None, "no fit file (PREFIXOPS_FIT unset)"
-    try:
-        doc = json.loads(Path(path).read_text())
-        values, engine = doc["set"], str(doc.get("engine") or "")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"PREFIXOPS_FIT={path} is not a `simulator fit` file ({exc})"
-    if not engine_url or engine.rstrip("/") != engine_url.rstrip("/"):
-        return None, f"the fit file {path} is of {engine or 'an unnamed engine'}, not {engine_url}"
-    return values, f"fit file {path}"
+    files = _fit_files(path)
+    notes = []
+    for file in files:
+        try:
+            doc = json.loads(file.read_text())
+            values, engine = doc["set"], str(doc.get("engine") or "")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            notes.append(f"PREFIXOPS_FIT={file} is not a `simulator fit` file ({exc})")
+            continue
+        if engine_url and engine.rstrip("/") == engine_url.rstrip("/"):
+            return values, f"fit file {file}"
+        notes.append(f"the fit file {file} is of {engine or 'an unnamed engine'}, not {engine_url}")
+    return None, "; ".join(notes) or f"PREFIXOPS_FIT={path}: no fit file there"
 
 
 def start(
@@ -137,7 +161,7 @@ def start(
             turn_rows=turn_rows(url, ref.sidecar_target_id, now - 2 * WINDOW_S)
             if ref.sidecar_target_id
             else [],
-            latency_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now),
+            latency_samples=latency_samples(url, ref.engine_target_id, now - COST_WINDOW_S, now),
             fit=fit,
             current=current,
             now=now,

@@ -39,28 +39,40 @@ def bucket_for(span_s: float) -> float:
     return 86400.0
 
 
-def _engine_hits(
-    conn: Any, engine_id: int | None, start: float, end: float, bucket: float
-) -> dict[float, float] | None:
-    if engine_id is None:
-        return None
-    found = queries.series_range(
-        conn,
-        signals=sig.PREFIX_CACHE_HITS_PER_S,
-        start_ts=start,
-        end_ts=end,
-        target_ids=[engine_id],
-        resolution="raw",
-    )
+def _bucket_totals(found: dict[str, Any], start: float, bucket: float) -> dict[float, float]:
+    """Per-second rates read raw, as totals per bucket: mean rate over the bucket (summed over the engine
+    ranks sampled together) x bucket length."""
     out: dict[float, list[float]] = {}
     for s in found["series"]:
         for ts, value in zip(s["ts"], s["value"], strict=True):
             if value is not None:
                 key = start + math.floor((ts - start) / bucket) * bucket
                 out.setdefault(key, []).append(value)
-    # mean rate over the bucket (summed over engine ranks sampled together) x bucket length
     ranks = max(1, len(found["series"]))
     return {k: sum(v) / len(v) * ranks * bucket for k, v in out.items()}
+
+
+def recomputation_buckets(hits: dict[float, float], preemptions: dict[float, float]) -> dict[float, float]:
+    """The engine's prefix-cache hits of the buckets in which it preempted, the only ones where hits beyond
+    the sidecar's cached tokens can be recomputation. Elsewhere the two differ by timing alone (the engine
+    counts a prompt when it schedules it, the sidecar when the turn finishes; rates are sampled): on the
+    real vLLM engine, without any preemption, that difference reached thousands of tokens a bucket."""
+    return {k: v for k, v in hits.items() if preemptions.get(k, 0.0) > 0.0}
+
+
+def _engine_hits(
+    conn: Any, engine_id: int | None, start: float, end: float, bucket: float
+) -> dict[float, float] | None:
+    if engine_id is None:
+        return None
+
+    def read(signal: str) -> dict[float, float]:
+        found = queries.series_range(
+            conn, signals=signal, start_ts=start, end_ts=end, target_ids=[engine_id], resolution="raw"
+        )
+        return _bucket_totals(found, start, bucket)
+
+    return recomputation_buckets(read(sig.PREFIX_CACHE_HITS_PER_S), read(sig.PREEMPTIONS_PER_S))
 
 
 def attribution(conn: Any, ref: q.EngineRef, start: float, end: float) -> dict[str, Any]:
@@ -134,8 +146,9 @@ def engine_panel(url: str, ref: q.EngineRef, start: float, end: float) -> None:
         + ", ".join(f"{c} {totals[c]:,}" for c in MISS_CAUSES if totals[c])
         + ". "
         "Each turn's uncached tokens go to the first cause that fits (core/attribution.py). The dotted "
-        "line is the engine's prefix-cache hits beyond the sidecar's cached tokens (recomputation after "
-        "preemption, which vLLM counts as hits): not a per-turn cause."
+        "line, drawn only where the engine preempted, is its prefix-cache hits beyond the sidecar's cached "
+        "tokens: recomputation after preemption, which the simulator and older vLLM V1 releases count as "
+        "hits (vLLM 0.32 does not: docs/real-engine.md); not a per-turn cause."
     )
 
 

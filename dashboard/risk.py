@@ -22,6 +22,15 @@ from dashboard.frames import EngineRef, Latest
 SIGNALS = sig.RISK_SIGNALS
 _SETTINGS = AlertSettings()
 NAME_OF_SIGNAL = {v: k for k, v in model.SIGNAL_OF_INPUT.items()}
+NOT_COMPUTED = "not computed"
+RISK_HELP = (
+    f"collapse risk 0-1 (warns at {_SETTINGS.risk_enter:g}), docs/collapse-risk.md. Blank: {NOT_COMPUTED}, "
+    "the collectors have no sample of any input of the engine's mode (sidecar or engine-only) yet."
+)
+LEADING_HELP = (
+    "the inputs that contribute most to the risk now, largest first; none: no input is under pressure; "
+    f"{NOT_COMPUTED}: no risk score yet (see the risk column)"
+)
 
 
 def _risk_target(ref: EngineRef) -> int | None:
@@ -52,7 +61,10 @@ def add_columns(rows: list[dict[str, Any]], latest: Latest) -> None:
     """Add ``risk`` (0-1) and ``risk: leading inputs`` to the Overview's rows (each has its ``ref``)."""
     for row in rows:
         score, leading = latest_risk(row["ref"], latest)
-        added = {"risk": score, "risk: leading inputs": leading or ("-" if score is None else "none")}
+        added = {
+            "risk": score,
+            "risk: leading inputs": leading or (NOT_COMPUTED if score is None else "none"),
+        }
         items = list(row.items())
         row.clear()
         for key, value in items:  # right after the state's "why"

@@ -17,7 +17,7 @@ sidecar's `regime_enter`), not a setting: one source for every policy default.
 | PREFIXOPS_OPERATOR_TOKEN | (unset) | operator bearer token for every sidecar |
 | PREFIXOPS_CONFIG | (unset) | the fleet TOML (`collectors.config`); `[[sidecars]]` entries may carry `operator_token` |
 | PREFIXOPS_CONTROL_TIMEOUT | 5 | seconds to wait for a sidecar's control API |
-| PREFIXOPS_FIT | (unset) | a `simulator fit` file: the Budgeter forecast's cost model for the engine it names |
+| PREFIXOPS_FIT | (unset) | `simulator fit` files (a file, a directory of `*.json`, or several joined by `:`): the Budgeter forecast's cost model for the engine each names |
 """
 
 from __future__ import annotations

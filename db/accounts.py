@@ -22,6 +22,8 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -94,18 +96,54 @@ def log_event(
     now: float | None = None,
 ) -> None:
     with engine.begin() as conn:
-        conn.execute(
-            insert(SecurityEvent).values(
-                ts=time.time() if now is None else now,
-                event=event,
-                account=(account or "")[:200] or None,
-                outcome=outcome[:200],
-                method=method,
-                client=(client or "")[:200] or None,
-                actor=actor,
-                detail=detail or {},
-            )
+        _record(conn, event, account, outcome, method, client, actor, detail, now)
+
+
+def _record(
+    conn: Any,
+    event: str,
+    account: str | None,
+    outcome: str,
+    method: str | None,
+    client: str | None,
+    actor: str | None,
+    detail: dict[str, Any] | None,
+    now: float | None,
+) -> None:
+    conn.execute(
+        insert(SecurityEvent).values(
+            ts=time.time() if now is None else now,
+            event=event,
+            account=(account or "")[:200] or None,
+            outcome=outcome[:200],
+            method=method,
+            client=(client or "")[:200] or None,
+            actor=actor,
+            detail=detail or {},
         )
+    )
+
+
+@contextmanager
+def _account_change(
+    engine: Engine,
+    event: str,
+    name: str,
+    *,
+    actor: str | None,
+    method: str,
+    client: str | None,
+    now: float | None,
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """One transaction for an account change and its ``ok`` row in the security log.
+
+    Yields the connection and the row's detail (the body fills it in); an AccountError raised by the
+    body rolls the change back and logs nothing, so the log never claims a change that did not happen.
+    """
+    with engine.begin() as conn:
+        detail: dict[str, Any] = {}
+        yield conn, detail
+        _record(conn, event, name, "ok", method, client, actor, detail, now)
 
 
 def security_events(engine: Engine, *, since: float, limit: int = 1000) -> list[dict[str, Any]]:
@@ -180,7 +218,8 @@ def add_account(
     now = time.time() if now is None else now
     name, role = normalize_name(name), check_role(role)
     hashed = hash_password(password)
-    with engine.begin() as conn:
+    change = _account_change(engine, "account.add", name, actor=actor, method=method, client=client, now=now)
+    with change as (conn, detail):
         if conn.execute(select(Account.id).where(Account.name == name)).first() is not None:
             raise AccountError(f"account {name!r} already exists (remove it first, or change its role)")
         conn.execute(
@@ -194,17 +233,7 @@ def add_account(
                 last_sign_in_ts=None,
             )
         )
-    log_event(
-        engine,
-        event="account.add",
-        account=name,
-        outcome="ok",
-        method=method,
-        client=client,
-        actor=actor,
-        detail={"role": role},
-        now=now,
-    )
+        detail["role"] = role
     return Identity(name, role)
 
 
@@ -234,22 +263,15 @@ def remove_account(
 ) -> None:
     """Delete an account and end its sessions; refuses to remove the last admin."""
     name = normalize_name(name)
-    with engine.begin() as conn:
+    change = _account_change(
+        engine, "account.remove", name, actor=actor, method=method, client=client, now=now
+    )
+    with change as (conn, _detail):
         account = _existing(conn, name)
         if account.role == "admin" and _admins_left_without(conn, name) == 0:
             raise AccountError(f"{name!r} is the last admin: add another admin before removing it")
         conn.execute(delete(AccountSession).where(AccountSession.account_id == account.id))
         conn.execute(delete(Account).where(Account.id == account.id))
-    log_event(
-        engine,
-        event="account.remove",
-        account=name,
-        outcome="ok",
-        method=method,
-        client=client,
-        actor=actor,
-        now=now,
-    )
 
 
 def set_role(
@@ -263,22 +285,13 @@ def set_role(
     now: float | None = None,
 ) -> None:
     name, role = normalize_name(name), check_role(role)
-    with engine.begin() as conn:
+    change = _account_change(engine, "account.role", name, actor=actor, method=method, client=client, now=now)
+    with change as (conn, detail):
         account = _existing(conn, name)
         if account.role == "admin" and role != "admin" and _admins_left_without(conn, name) == 0:
             raise AccountError(f"{name!r} is the last admin: add another admin before changing its role")
         conn.execute(update(Account).where(Account.id == account.id).values(role=role))
-    log_event(
-        engine,
-        event="account.role",
-        account=name,
-        outcome="ok",
-        method=method,
-        client=client,
-        actor=actor,
-        detail={"from": account.role, "to": role},
-        now=now,
-    )
+        detail.update({"from": account.role, "to": role})
 
 
 def set_password(
@@ -294,7 +307,10 @@ def set_password(
     """Replace an account's password and end its sessions (everyone signs in again with the new one)."""
     now = time.time() if now is None else now
     name, hashed = normalize_name(name), hash_password(password)
-    with engine.begin() as conn:
+    change = _account_change(
+        engine, "account.password", name, actor=actor, method=method, client=client, now=now
+    )
+    with change as (conn, _detail):
         account = _existing(conn, name)
         conn.execute(
             update(Account)
@@ -302,16 +318,6 @@ def set_password(
             .values(password_hash=hashed, password_changed_ts=now)
         )
         conn.execute(delete(AccountSession).where(AccountSession.account_id == account.id))
-    log_event(
-        engine,
-        event="account.password",
-        account=name,
-        outcome="ok",
-        method=method,
-        client=client,
-        actor=actor,
-        now=now,
-    )
 
 
 # -------------------------------------------------------------------------------------- sign-in
@@ -369,11 +375,15 @@ def sign_in(
         key = normalize_name(name)
     except AccountError:
         key = typed
+
+    def attempt(outcome: str) -> None:
+        log_event(
+            engine, event="sign-in", account=key, outcome=outcome, method="password", client=client, now=now
+        )
+
     wait = lockout(engine, key, client, now, policy)
     if wait > 0:
-        log_event(
-            engine, event="sign-in", account=key, outcome="locked", method="password", client=client, now=now
-        )
+        attempt("locked")
         return SignInResult(None, None, f"Too many failed sign-ins; try again in {wait:.0f} s.")
     with engine.connect() as conn:
         account = conn.execute(select(Account).where(Account.name == key)).first()
@@ -384,9 +394,7 @@ def sign_in(
         ok = False
     if not ok or account is None:
         outcome = "wrong password" if account is not None else "unknown account"
-        log_event(
-            engine, event="sign-in", account=key, outcome=outcome, method="password", client=client, now=now
-        )
+        attempt(outcome)
         logger.warning("sign-in failed for %r: %s", key, outcome)
         return SignInResult(None, None, "Wrong account name or password.")
     token = secrets.token_urlsafe(32)
@@ -406,7 +414,7 @@ def sign_in(
         if rehash:
             values["password_hash"] = _hasher().hash(password)
         conn.execute(update(Account).where(Account.id == account.id).values(**values))
-    log_event(engine, event="sign-in", account=key, outcome="ok", method="password", client=client, now=now)
+    attempt("ok")
     logger.info("sign-in: %r (%s)", key, account.role)
     return SignInResult(Identity(account.name, account.role), token, f"Signed in as {account.name}.")
 

@@ -19,7 +19,9 @@ from core.environment import setting
 
 ENGINES = ("sim", "vllm")
 # Sessions the tiny model serves briskly on one CPU thread, inside the 16K context: 10 turns from
-# ~1.2K tokens growing ~0.4K, a few at a time, so the cache stays warm (a healthy demo).
+# ~1.6K tokens growing ~0.3K, at most 4 at once, so the cache stays warm and the sidecar's KV demand stays
+# mostly below the low band (a healthy demo: growing ~0.5K, 4 sessions kept demand at 0.8-1.0 of the
+# 20480-token pool and the budgeter parked sessions every few minutes).
 LOADGEN_ARGS = [
     "--sessions-per-s",
     "0.1",
@@ -30,7 +32,7 @@ LOADGEN_ARGS = [
     "--initial-context",
     "1600",
     "--context-growth",
-    "500",
+    "300",
     "--output-tokens",
     "48",
     "--tool-latency",

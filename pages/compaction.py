@@ -120,7 +120,8 @@ def gate_panel() -> None:
                 "recent hits": subtrees["recent_hits"],
                 "warm": subtrees["warm"].fillna(False).astype(bool),
                 "pinned (top-K)": subtrees["pinned"].fillna(False).astype(bool),
-                "tokens": subtrees["tokens"],
+                # no sidecar reports a subtree's length today (GET /subtrees): say so rather than "None"
+                "tokens": ["not reported" if pd.isna(t) else f"{int(t):,}" for t in subtrees["tokens"]],
                 "last hit": [
                     age_text(now - t) if t == t and t is not None else "never"
                     for t in subtrees["last_hit_ts"]

@@ -64,7 +64,8 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         start=w.start,
         end=w.end,
         now=min(now, w.end),
-        stale_after=settings.stale_after_seconds,
+        # a bucketed point is stamped with its bucket's start: its newest sample may be a bucket later
+        stale_after=settings.stale_after_seconds + q.step_for_span(w.end - w.start),
         max_gap=max_gap_for(w),
     )
     if ref.sidecar_target_id is None:

@@ -25,21 +25,8 @@ url = settings.database_url
 ATTENTION_SHOWN = 8
 FLEET_POINTS = 150  # per engine and chart: distributions need the shape, not every sample
 WORST_N = 3
-NUMBER_FORMATS = {
-    "R_t": "%.2f",
-    "R_r": "%.2f",
-    "D": "%.2f",
-    "demand / pool": "percent",
-    "KV usage": "percent",
-    "turns/s": "%.2f",
-    "waiting at sidecar": "%d",
-    "parked": "%d",
-    "in system": "%d",
-    "engine running": "%d",
-    "engine waiting": "%d",
-    "open alerts": "%d",
-    "risk": "%.2f",
-}
+# every number column, shown as text so that an unknown value is a blank (help: what a blank means)
+NUMBER_COLUMNS = {**fleet.NUMBER_COLUMNS, "risk": ("%.2f", risk.RISK_HELP)}
 
 window = time_control(settings, key="overview")
 name_filter = st.text_input(
@@ -78,6 +65,7 @@ def fleet_state(now: float) -> list[dict]:
 
 def render_table(rows: list[dict]) -> None:
     table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("ref", "status")} for r in rows])
+    table = fleet.table_text(table, {name: fmt for name, (fmt, _help) in NUMBER_COLUMNS.items()})
     table["oldest wait"] = [_secs(v) for v in table["oldest wait"]]
     table["oldest parked"] = [_secs(v) for v in table["oldest parked"]]
     table.insert(0, "open", [f"engine?engine={quote(r['engine'])}" for r in rows])
@@ -87,19 +75,15 @@ def render_table(rows: list[dict]) -> None:
     old = {"DOWN", "STALE"}
     styled = styled.apply(
         lambda row: [
-            "color: #9e9e9e; font-style: italic" if row["state"] in old and col in NUMBER_FORMATS else ""
+            "color: #9e9e9e; font-style: italic" if row["state"] in old and col in NUMBER_COLUMNS else ""
             for col in row.index
         ],
         axis=1,
     )
-    styled = styled.format(
-        {
-            name: ("{:.0%}" if fmt == "percent" else "{:.2f}" if fmt == "%.2f" else "{:.0f}")
-            for name, fmt in NUMBER_FORMATS.items()
-        },
-        na_rep="-",
-    )
-    config = {name: st.column_config.NumberColumn(name, format=fmt) for name, fmt in NUMBER_FORMATS.items()}
+    config = {
+        name: st.column_config.TextColumn(name, help=help_text, alignment="right")
+        for name, (_fmt, help_text) in NUMBER_COLUMNS.items()
+    }
     config.update(
         {
             "open": st.column_config.LinkColumn("open", display_text="Engine page", width="small"),
@@ -108,17 +92,18 @@ def render_table(rows: list[dict]) -> None:
                 "state", width=110, help="precedence: " + " > ".join(STATES)
             ),
             "why": st.column_config.TextColumn("why", width="large", help="the cause and the next step"),
-            "R_t": st.column_config.NumberColumn(
-                "R_t", format="%.2f", help="token-weighted hit rate (sidecar)"
-            ),
-            "D": st.column_config.NumberColumn(
-                "D", format="%.2f", help="R_r - R_t, same /state snapshot as the state"
-            ),
             "oldest wait": st.column_config.TextColumn(
-                "oldest wait", help="oldest session waiting at the sidecar"
+                "oldest wait",
+                help="oldest session waiting at the sidecar; blank: none waiting, or no sidecar",
+                alignment="right",
             ),
-            "risk": st.column_config.NumberColumn(
-                "risk", format="%.2f", help="collapse risk 0-1 (warns at 0.6), docs/collapse-risk.md"
+            "oldest parked": st.column_config.TextColumn(
+                "oldest parked",
+                help="oldest session parked at the sidecar; blank: none parked, or no sidecar",
+                alignment="right",
+            ),
+            "risk: leading inputs": st.column_config.TextColumn(
+                "risk: leading inputs", help=risk.LEADING_HELP
             ),
         }
     )
@@ -134,7 +119,7 @@ def render_table(rows: list[dict]) -> None:
 
 def _secs(value: float | None) -> str:
     if value is None or value != value:
-        return "-"
+        return ""
     return f"{value:.0f} s" if value < 120 else f"{value / 60:.0f} min"
 
 
@@ -174,7 +159,7 @@ def fleet_panel() -> None:
     st.caption(
         f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
         f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
-        "stale engine are its last known values (grey)."
+        "stale engine are its last known values (grey); a blank is a value not known (the column's help says why)."
     )
     render_table(rows)
 
@@ -213,6 +198,7 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
         stale_after=settings.stale_after_seconds,
         max_gap=max(10.0, 3 * max(step, (end - start) / FLEET_POINTS)),
         marker_ts=window_now.at,
+        bucket_s=fc.bucket_seconds(start, end, FLEET_POINTS),
     )
 
     def worst(signal: str, highest: bool) -> list[tuple[int, str]]:

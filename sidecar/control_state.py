@@ -162,7 +162,8 @@ TurnRefused = Refused  # a turn the sidecar will not admit
 
 class PlaneState:
     """The ControlPlane's attributes, declared once for the type checker of its mixins
-    (`Persistence`, `control_views.Views`); `ControlPlane.__init__` sets them."""
+    (`Persistence`, `control_views.Views`, `control_holding.Holding`, `control_actions.Operator`);
+    `ControlPlane.__init__` sets them."""
 
     settings: Settings
     store: Store | None
@@ -200,6 +201,7 @@ class PlaneState:
     _store_failed_at: float
     admission_waits: WaitStats
     park_durations: WaitStats
+    _parked_since: dict[str, float]
 
 
 class Persistence(PlaneState):

@@ -9,8 +9,11 @@ from typing import Any
 
 from core.budgeter import ADMITTED, PARKED, WAITING
 from core.compaction import pinned_subtrees
+from core.risk import RiskSettings
 
 from .control_state import PlaneState, SessionExtra
+
+PROJECTION_HORIZON_S = RiskSettings().projection_horizon_s
 
 CACHED_FLAG_WARNING = (
     "{unknown} of {turns} turns in the window carry no usage.prompt_tokens_details.cached_tokens; they count as "
@@ -203,6 +206,8 @@ class Views(PlaneState):
         counts = self.budgeter.counts()
         pool = self.budgeter.pool_tokens
         demand = self.budgeter.demand_tokens()
+        pace = stats.turns / self.window.window_s  # turns/s over the reuse window
+        projected = self.budgeter.projected_demand_tokens(now, PROJECTION_HORIZON_S, pace)
         cfg = self.budgeter.config
         acting = cfg.mode in ("session-cap-park", "latency-park", "off") or pool is not None
         oldest_waiting, oldest_parked = self.oldest_waits()
@@ -235,6 +240,9 @@ class Views(PlaneState):
                 "pool_source": self.pool_source if pool is not None else None,
                 "demand_tokens": demand,
                 "demand_fraction": (demand / pool) if pool else None,
+                "projected_demand_tokens": projected,
+                "projected_demand_fraction": (projected / pool) if pool else None,
+                "projection_horizon_s": PROJECTION_HORIZON_S,
                 "low_tokens": cfg.low * pool if pool else None,
                 "high_tokens": cfg.high * pool if pool else None,
                 "acting": acting,

@@ -1,5 +1,5 @@
-"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,live-warning,replay}``; ``--help``
-on each."""
+"""Command line: ``python -m simulator {serve,loadgen,run,table3,compaction,live-run,fit,warning-eval,live-warning,
+replay,attribution-check,forecast-validate}``; ``--help`` on each."""
 
 from __future__ import annotations
 
@@ -73,6 +73,13 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
         "command",
     ),
     (
+        "forecast-validate",
+        "the Budgeter forecast of budgeter-park against the live collapse demo switched for real",
+        "simulator.forecast_validate",
+        "add_arguments",
+        "command",
+    ),
+    (
         "warning-eval",
         "lead time and false alarms of the collapse-risk warning across the tipping point",
         "simulator.warning_eval",
@@ -83,6 +90,13 @@ SUBCOMMANDS: list[tuple[str, str, str, str, str]] = [
         "live-warning",
         "the collapse-risk warning replayed on live-run runs (sidecar and engine-only inputs)",
         "simulator.live_warning",
+        "add_arguments",
+        "command",
+    ),
+    (
+        "attribution-check",
+        "why prompt tokens were missed: core.attribution against the simulator's ground truth",
+        "simulator.attribution_check",
         "add_arguments",
         "command",
     ),

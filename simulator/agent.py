@@ -24,13 +24,16 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.budgeter import Budgeter, BudgeterConfig
+from core.budgeter import PARKED, Budgeter, BudgeterConfig
+from core.risk import RiskSettings
 from core.runs import judge_run
 from simulator.config import SimConfig, SimConfigError
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
 from simulator.loop import EventLoop
+from simulator.truth import Watch
 
+PROJECTION_HORIZON_S = RiskSettings().projection_horizon_s
 CONTROLS = ("off", "admission-only", "latency-park", "session-cap-park", "budgeter-park")
 
 
@@ -48,6 +51,7 @@ SERIES_FIELDS = (
     "kv_usage",
     "kv_resident",
     "demand_tokens",
+    "projected_demand_tokens",  # core.projection over core.risk's horizon, as the sidecar reports it
     "running",
     "waiting",
     "preemptions",
@@ -113,9 +117,26 @@ class _Session:
     held: tuple[float, int] | None = None  # (arrival at the gate, prompt tokens)
     submitted_at: float = 0.0
     forwarded_at: float = 0.0
+    parked_hold: bool = False  # the held turn waits because the session was parked
 
 
-def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[str, Any]:
+def _watch_agent(watch: Watch, budgeter: Budgeter, pool_tokens: int) -> None:
+    """An eviction's cause: its owning session parked, else demand above the pool, else other."""
+
+    def classify(label: Any) -> str:
+        owner = label[1] if isinstance(label, tuple) and label[0] == "s" else None
+        if owner in budgeter and budgeter.session(owner).state == PARKED:
+            return "parked"
+        return "pressure" if budgeter.demand_tokens() > pool_tokens else "other"
+
+    watch.classify = classify
+    watch.group = lambda req: req.session
+
+
+def run_agent(
+    cfg: SimConfig, control: str, seed: int, minutes: float, watch: Watch | None = None
+) -> dict[str, Any]:
+    """``watch``: record the turn trace and why each missing block was missing (``simulator.truth``)."""
     if control not in CONTROLS:
         raise SimConfigError(f"unknown control {control!r}; known: {', '.join(CONTROLS)}")
     a = cfg.agent
@@ -136,6 +157,9 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
     budgeter = Budgeter(budget_cfg, pool_tokens=pool_tokens)
     control_at = ctl.control_start_min * 60.0
     switched = False
+    if watch is not None:
+        engine.set_watch(watch)
+        _watch_agent(watch, budgeter, pool_tokens)
 
     # arrivals: base Poisson process plus the burst window's extra process
     arr_rng = random.Random(f"{seed}-arrivals")
@@ -191,6 +215,7 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
             forward(sess, now, prompt)
         else:
             sess.held = (now, prompt)
+            sess.parked_hold = watch is not None and budgeter.session(sess.id).state == PARKED
 
     def on_finish(req: Request) -> None:
         sess: _Session = req.tag  # type: ignore[assignment]
@@ -198,6 +223,12 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
         cached = min(req.cached_tokens or 0, req.prompt_tokens)
         raw.add(now, req.prompt_tokens, cached)
         budgeter.turn_finished(sess.id, now, req.prompt_tokens, req.output, latency_s=now - sess.forwarded_at)
+        if watch is not None:
+            held = sess.forwarded_at - sess.submitted_at
+            watch.turn(
+                req, now, sess.id, None, held, held if sess.parked_hold else 0.0, now - sess.forwarded_at
+            )
+            sess.parked_hold = False
         sess.turn += 1
         if sess.turn >= a.turns:
             budgeter.end_session(sess.id, now)
@@ -247,6 +278,12 @@ def run_agent(cfg: SimConfig, control: str, seed: int, minutes: float) -> dict[s
             round(1 - (pool.num_free() - pool.num_cached_free()) / pool.num_blocks, 4)
         )
         series["demand_tokens"].append(budgeter.demand_tokens())
+        recent = sum(raw.turns[max(0, second - 60) : second]) / 60.0  # turns/s, as the sidecar's 60-s window
+        series["projected_demand_tokens"].append(
+            budgeter.projected_demand_tokens(now, PROJECTION_HORIZON_S, recent)
+        )
+        if watch is not None:
+            watch.sample(now, budgeter.demand_tokens() / pool_tokens)
         series["running"].append(len(engine.running))
         series["waiting"].append(len(engine.waiting))
         series["preemptions"].append(st.preemptions)

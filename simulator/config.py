@@ -179,7 +179,7 @@ class RagWorkload:
     rag_system_tokens: int = 1000  # preamble included
     doc_sets: int = 8  # a small set of document sets (subtrees)
     doc_tokens: int = 5000  # with the system prompt: the ~6K-token shared prefix
-    doc_zipf: float = 2.0  # popularity skew over document sets: two or three hot ones, the rest rarely used
+    doc_zipf: float = 2.2  # popularity skew over document sets: two or three hot ones, the rest rarely used
     suffix_tokens: int = 1700  # unique question + extra retrieved text
     cold_fraction: float = 0.06  # requests that share no prefix at all (other tenants)
     rag_output_tokens: int = 100
@@ -197,7 +197,7 @@ class RagWorkload:
     compaction_every: int = 500
     compaction_check_s: float = 10.0  # gated job: how often it asks the gate about due subtrees
     gate_asks: str = "per-subtree"  # gated job: one gate request per due subtree, or "all-due" in one request
-    warmth_window_s: float = 60.0  # the storm's scale (core.compaction.WarmthConfig: 120 s)
+    warmth_window_s: float = _WARMTH.window_s
     warmth_floor: int = _WARMTH.floor
     top_k_pinned: int = _COMPACTION.top_k_pinned
     divergence_enter: float = _REGIME.enter

@@ -37,131 +37,46 @@ import contextlib
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 from simulator.config import CostModel, EngineConfig
-from simulator.content import Content
+from simulator.engine_stats import EngineStats, Histogram
 from simulator.pool import make_pool
+from simulator.request import ABORTED, FINISHED, RUNNING, WAITING, Request, RequestTooLong, cdiv
+from simulator.truth import Watch
+
+__all__ = [
+    "ABORTED",
+    "FINISHED",
+    "RUNNING",
+    "WAITING",
+    "Engine",
+    "EngineStats",
+    "Histogram",
+    "Request",
+    "RequestTooLong",
+    "cdiv",
+]
 
 log = logging.getLogger(__name__)
-
-WAITING = "waiting"
-RUNNING = "running"
-FINISHED = "finished"
-ABORTED = "aborted"
-
-# vLLM 0.33's bucket boundaries for the histograms we export
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
-ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-PREEMPTION_BUCKETS = (0, 1, 2, 5, 10, 20)
-
-
-class RequestTooLong(ValueError):
-    """A request needs more KV blocks than the whole pool; it could never be scheduled."""
-
-
-@dataclass
-class Histogram:
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float, times: int = 1) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += times
-        self.total += value * times
-        self.n += times
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        out = []
-        acc = 0
-        for bound, c in zip(self.bounds, self.counts, strict=False):
-            acc += c
-            out.append((repr(float(bound)), acc))
-        out.append(("+Inf", self.n))
-        return out
-
-
-@dataclass
-class EngineStats:
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    external_queries: int = 0
-    external_hits: int = 0
-    prompt_tokens: int = 0
-    prompt_computed: int = 0
-    prompt_cached: int = 0
-    prompt_offloaded: int = 0
-    generation_tokens: int = 0
-    preemptions: int = 0
-    finished: int = 0
-    aborted: int = 0
-    steps: int = 0
-    busy_s: float = 0.0
-    flushes: int = 0
-    finished_by_reason: dict[str, int] = field(default_factory=dict)
-    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
-    e2e: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    queue: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    prefill_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    decode_time: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    prompt_hist: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
-    generation_hist: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
-    prefill_kv_computed: Histogram = field(default_factory=lambda: Histogram(TOKEN_BUCKETS))
-    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_BUCKETS))
-    request_preemptions: Histogram = field(default_factory=lambda: Histogram(PREEMPTION_BUCKETS))
-
-
-@dataclass(eq=False)
-class Request:
-    """One completion request inside the engine."""
-
-    id: str
-    content: Content
-    prompt_tokens: int
-    max_tokens: int
-    arrival: float
-    session: str | None = None
-    tag: object = None  # caller's data (the offline driver's turn, the server's waiter)
-    num_computed: int = 0
-    output: int = 0
-    status: str = WAITING
-    table: object = None
-    cached_tokens: int | None = None
-    first_scheduled: float | None = None
-    first_token_time: float | None = None
-    finish_time: float | None = None
-    preemptions: int = 0
-    computed_prefill: int = 0
-    finish_reason: str = "length"  # what the client is told when max_tokens is reached
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt_tokens + self.output
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Engine:
     """vLLM V1-like engine over a block pool; see the module doc."""
 
-    def __init__(self, config: EngineConfig | None = None, cost: CostModel | None = None,
-                 model_name: str = "sim/agent-8b", start: float = 0.0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        cost: CostModel | None = None,
+        model_name: str = "sim/agent-8b",
+        start: float = 0.0,
+    ) -> None:
         self.config = config or EngineConfig()
         self.cost = cost or CostModel()
         self.model_name = model_name
         self.block_size = self.config.block_size
-        self.pool = make_pool(self.config.mode, self.config.num_blocks, self.block_size,
-                              self.config.offload_blocks)
+        self.pool = make_pool(
+            self.config.mode, self.config.num_blocks, self.block_size, self.config.offload_blocks
+        )
         self.fast = self.config.mode == "fast"
         self.now = start
         self.start = start
@@ -170,6 +85,14 @@ class Engine:
         self.stats = EngineStats()
         self._stationary = False
         self.last_step_dt = 0.0
+        self.watch: Watch | None = None
+
+    def set_watch(self, watch: Watch | None) -> None:
+        """Record why missing blocks were missing (``simulator.truth``); None stops recording."""
+        self.watch = watch
+        self.pool.watch = watch
+        if watch is not None:
+            watch.block_size = self.block_size
 
     # ------------------------------------------------------------------ inputs
     def add_request(self, req: Request) -> None:
@@ -177,7 +100,8 @@ class Engine:
             raise RequestTooLong(
                 f"request {req.id} needs up to {req.prompt_tokens + req.max_tokens} tokens of KV "
                 f"({req.prompt_tokens} prompt + {req.max_tokens} max_tokens); the pool holds "
-                f"{self.pool.num_blocks * self.block_size}: lower max_tokens or raise the pool size")
+                f"{self.pool.num_blocks * self.block_size}: lower max_tokens or raise the pool size"
+            )
         req.table = self.pool.new_table()
         req.status = WAITING
         self.waiting.append(req)
@@ -187,6 +111,8 @@ class Engine:
         """Drop a request (client went away); its blocks are freed like a finished request's."""
         if req.status == RUNNING:
             self.running.remove(req)
+            if self.watch is not None:
+                self.watch.stopped(req.content, req.num_computed)
             self.pool.free(req.table)
         elif req.status == WAITING:
             with contextlib.suppress(ValueError):
@@ -236,6 +162,8 @@ class Engine:
         return []
 
     def _preempt(self, req: Request) -> None:
+        if self.watch is not None:
+            self.watch.stopped(req.content, req.num_computed)
         self.pool.free(req.table)
         req.num_computed = 0
         req.status = WAITING
@@ -293,6 +221,7 @@ class Engine:
         waiting_blocked = bool(self.waiting)
         if not preempted:
             waiting = self.waiting
+            watch = self.watch
             while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
                 req = waiting[0]
                 num_tokens = req.prompt_tokens + req.output
@@ -311,6 +240,9 @@ class Engine:
                         break
                 if cfg.watermark > 0 and available - need < cfg.watermark * pool.num_blocks:
                     break
+                truth = None
+                if watch is not None and req.cached_tokens is None:
+                    truth = watch.lookup(req, computed)
                 if not pool.allocate(req.table, req.content, hit, total, end // bs):
                     break
                 waiting.popleft()
@@ -326,6 +258,8 @@ class Engine:
                 if req.cached_tokens is None:
                     req.cached_tokens = computed
                     req.first_scheduled = self.now
+                    if watch is not None:
+                        watch.admitted(req, truth)
                     st.prompt_cached += min(hit_tokens, req.prompt_tokens)
                     st.prompt_offloaded += min(load_tokens, req.prompt_tokens)
                 req.num_computed = computed
@@ -372,8 +306,13 @@ class Engine:
         st.generation_tokens += generated
         for req in finished:
             self._finish(req)
-        self._stationary = (all_decode and not admitted and not finished and not preempted
-                            and (waiting_blocked or not self.waiting))
+        self._stationary = (
+            all_decode
+            and not admitted
+            and not finished
+            and not preempted
+            and (waiting_blocked or not self.waiting)
+        )
         return finished
 
     def _record_first_token(self, req: Request) -> None:
@@ -389,6 +328,8 @@ class Engine:
 
     def _finish(self, req: Request) -> None:
         self.running.remove(req)
+        if self.watch is not None:
+            self.watch.stopped(req.content, req.num_computed)
         self.pool.free(req.table)
         req.status = FINISHED
         req.finish_time = self.now

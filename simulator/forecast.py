@@ -5,7 +5,8 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 
 * ``start_sessions``: the sidecar's sessions as of its last ``/sessions``
   (``admitted``, ``parked``, ``waiting``; any other state is left out) with
-  their context and the turns they have done.
+  their context, the turns they have done, and whether an admitted one has a
+  turn in flight (``in_flight``: already forwarded, so no control can hold it).
 * ``shapes_from_turns``: the workload recorded over the last ``window_s``
   (30 minutes) of the turn trace (``turns`` table, outcome ``ok`` only):
 
@@ -28,11 +29,30 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
     a new session finds cached: the shared system prompt).
 * ``cost_from_fit``: the cost model of a ``simulator fit`` file (``fit.json``'s
   ``set``); ``cost_from_latencies``: one estimated from the engine's recorded
-  latency signals, by least squares over the intervals of the window:
-  decode ``itl_p50 = T0 + gamma * requests_running * prompt_len_p50`` (``itl_p50`` taken as
-  ``(e2e_p50 - ttft_p50) / (output_len_p50 - 1)`` where the engine has no inter-token histogram) and
-  prefill ``ttft_p50 - queue_time_p50 - T0 = alpha * prompt_len_p50 * (1 -
-  engine_hit_ratio)`` (``beta`` = 0, no offload: not observable from these).
+  signals, all in wall-clock seconds, by least squares over the intervals of the
+  last ``COST_WINDOW_S`` (the cost model is the engine's, not the workload's, so
+  it looks further back than the workload window). It uses only signals that
+  exclude queueing: the *decode step time* ``y`` of each interval (``itl_p50``;
+  else ``decode_time_p50 / (output_len_p50 - 1)``, vLLM's
+  ``request_decode_time_seconds``, first token to last; else
+  ``(e2e_p50 - ttft_p50) / (output_len_p50 - 1)``) and the step identity of a
+  continuous-batching engine, whose every step decodes one token for each
+  running request and prefills a share of the new prompt tokens::
+
+      y = T0 + gamma * K + alpha * (P * y)
+
+  ``K``, the context the running requests hold: ``kv_usage * pool_tokens``
+  (else ``requests_running * prompt_len_p50``); ``P``, prompt tokens computed
+  per second, ``prefix_cache_queries_per_s - prefix_cache_hits_per_s`` (every
+  prefill, recomputation after preemption included; else
+  ``prompt_tokens_per_s - cached_tokens_per_s``), so ``P * y`` is the prefill
+  tokens sharing a step; least squares of the relative residuals (each interval
+  divided by its ``y``: a healthy engine's steps are a hundredth of a collapsed
+  one's, and its intervals are what pins ``T0`` and ``gamma``). A collapsed engine's long TTFTs are waiting (for the
+  queue and behind other prefills), not per-token cost; its decode steps are
+  long because each carries a chunk of recomputed prefill, which this identity
+  charges to ``alpha``. ``beta`` (attention) and offload loads are folded into
+  ``alpha`` (0 here: not separable from these signals).
 
 Nothing here reads the simulator's own settings (a ``SimConfig`` or the
 simulated engine's flags): the engine is what the collectors saw, even when
@@ -55,6 +75,7 @@ from simulator.config import CostModel, EngineConfig, SimConfigError
 from simulator.fit import least_squares
 
 WINDOW_S = 1800.0  # "what was recorded over the last 30 minutes"
+COST_WINDOW_S = 6 * 3600.0  # the engine's cost model: its signals over the last 6 hours
 BLOCK_SIZE = 16  # vLLM's default; the collectors do not record the engine's block size
 START_STATES = ("admitted", "parked", "waiting")
 MIN_SAMPLES = 3  # latency intervals needed to estimate a cost model
@@ -73,6 +94,7 @@ class StartSession:
     parked_for_s: float = 0.0  # how long it has been parked already
     manual: bool = False
     pinned: bool = False
+    in_flight: bool = False  # an admitted session with a turn already forwarded to the engine
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
                 context_tokens=_int(r.get("context_tokens")),
                 turns_done=_int(r.get("turns")),
                 parked_for_s=max(0.0, now - since) if since is not None else 0.0,
+                in_flight=r["state"] == "admitted" and _int(doc.get("in_flight")) > 0,
                 manual=bool(r.get("manual")),
                 pinned=bool(r.get("pinned")),
             )
@@ -210,39 +233,60 @@ def cost_from_fit(values: Mapping[str, Any]) -> CostModel:
         raise ForecastError(f"fit: {exc}") from None
 
 
-def cost_from_latencies(samples: Iterable[Mapping[str, Any]]) -> CostModel:
-    """A cost model estimated from per-interval engine signals (see the module doc)."""
-    decode_x: list[list[float]] = []
-    decode_y: list[float] = []
-    prefill: list[tuple[float, float]] = []  # (uncached tokens, seconds before decode)
-    for s in samples:
-        itl, running, plen = (
-            _num(s.get("itl_p50")),
-            _num(s.get("requests_running")),
-            _num(s.get("prompt_len_p50")),
-        )
-        e2e, first, olen = _num(s.get("e2e_p50")), _num(s.get("ttft_p50")), _num(s.get("output_len_p50"))
-        if itl is None and e2e is not None and first is not None and olen is not None and olen > 1:
-            itl = max(0.0, e2e - first) / (olen - 1)  # engines without an inter-token histogram
-        if itl is not None and running and plen:
-            decode_x.append([1.0, running * plen])
-            decode_y.append(itl)
-        ttft, hit = _num(s.get("ttft_p50")), _num(s.get("engine_hit_ratio"))
-        if ttft is not None and plen and hit is not None:
-            queue = _num(s.get("queue_time_p50")) or 0.0
-            prefill.append((plen * (1.0 - min(1.0, max(0.0, hit))), max(0.0, ttft - queue)))
-    if len(decode_y) < MIN_SAMPLES or len(prefill) < MIN_SAMPLES:
+def step_sample(s: Mapping[str, Any], pool_tokens: float | None = None) -> tuple[float, float, float] | None:
+    """One interval's ``(y, K, P)`` of the step identity (module doc), or None when a signal is missing."""
+    y = _num(s.get("itl_p50"))
+    olen = _num(s.get("output_len_p50"))
+    if y is None and olen is not None and olen > 1:
+        decode = _num(s.get("decode_time_p50"))
+        if decode is None:
+            e2e, first = _num(s.get("e2e_p50")), _num(s.get("ttft_p50"))
+            decode = max(0.0, e2e - first) if e2e is not None and first is not None else None
+        y = decode / (olen - 1) if decode is not None else None
+    usage, running, plen = (
+        _num(s.get("kv_usage")),
+        _num(s.get("requests_running")),
+        _num(s.get("prompt_len_p50")),
+    )
+    if usage is not None and pool_tokens:
+        k: float | None = usage * pool_tokens
+    else:
+        k = running * plen if running is not None and plen is not None else None
+    queries, hits = _num(s.get("prefix_cache_queries_per_s")), _num(s.get("prefix_cache_hits_per_s"))
+    if queries is not None and hits is not None:
+        p: float | None = max(0.0, queries - hits)
+    else:
+        prompt, cached = _num(s.get("prompt_tokens_per_s")), _num(s.get("cached_tokens_per_s"))
+        p = max(0.0, prompt - cached) if prompt is not None and cached is not None else None
+    if y is None or y <= 0 or k is None or p is None:
+        return None
+    return y, k, p
+
+
+def cost_from_latencies(samples: Iterable[Mapping[str, Any]], pool_tokens: float | None = None) -> CostModel:
+    """A cost model estimated from per-interval engine signals (the step identity of the module doc)."""
+    rows = [r for s in samples if (r := step_sample(s, pool_tokens)) is not None]
+    if len(rows) < MIN_SAMPLES:
         raise ForecastError(
-            f"no cost model: no fit file, and too few recorded latencies to estimate one ({len(decode_y)} intervals "
-            f"with itl_p50 (or e2e_p50, ttft_p50 and output_len_p50), requests_running and prompt_len_p50; {len(prefill)} with ttft_p50, prompt_len_p50 and "
-            f"engine_hit_ratio; need {MIN_SAMPLES} of each)"
+            f"no cost model: no fit file, and too few recorded intervals to estimate one ({len(rows)} with a "
+            "decode step time (itl_p50, or decode_time_p50 or e2e_p50 and ttft_p50 with output_len_p50), the "
+            "running context (kv_usage and the pool, or requests_running and prompt_len_p50) and the prompt "
+            "tokens computed (prefix_cache_queries_per_s and prefix_cache_hits_per_s, or prompt_tokens_per_s "
+            f"and cached_tokens_per_s); need {MIN_SAMPLES})"
         )
-    if len({round(x[1]) for x in decode_x}) > 1:
-        t0, gamma = least_squares(decode_x, decode_y)
-    else:  # one load level: no slope to separate; all of it per context token
-        t0, gamma = 0.0, statistics.median(decode_y) / decode_x[0][1]
-    pre = [(n, max(0.0, y - t0)) for n, y in prefill if n > 0]
-    alpha = least_squares([[n] for n, _ in pre], [y for _, y in pre])[0] if pre else 0.0
+    # relative residuals (each row divided by its y): step times span two orders of magnitude between a
+    # healthy engine and a collapsed one, and the few healthy intervals are what pins T0 and gamma
+    xs = [[1.0 / y, k / y, p] for y, k, p in rows]
+    ys = [1.0] * len(rows)
+    varied = [len({round(r[i], 6) for r in rows}) > 1 for i in (1, 2)]
+    if varied[0] and varied[1]:
+        t0, gamma, alpha = least_squares(xs, ys)
+    elif varied[0]:  # no prefill variation: no slope to charge to it
+        t0, gamma = least_squares([x[:2] for x in xs], ys)
+        alpha = 0.0
+    else:  # one load level: no slope to separate; all of the step on the context it holds
+        t0, alpha = 0.0, 0.0
+        gamma = statistics.median(y for y, _, _ in rows) / rows[0][1] if rows[0][1] else 0.0
     return CostModel(
         step_overhead_s=t0,
         prefill_per_token_s=alpha,
@@ -289,7 +333,7 @@ def forecast_inputs(
     if fit is not None:
         cost, source = cost_from_fit(fit), "fit"
     else:
-        cost, source = cost_from_latencies(latency_samples), "latencies"
+        cost, source = cost_from_latencies(latency_samples, pool), "latencies"
     return ForecastInputs(
         engine=EngineConfig(pool_tokens=pool, block_size=block),
         cost=cost,

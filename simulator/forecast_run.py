@@ -8,9 +8,12 @@ only). The run:
 * *warm-up* (before t = 0, not counted): the admitted sessions' contexts are
   prefilled once, so the cache holds what they last used, as far as the pool
   allows; parked and waiting sessions start uncached;
-* *sessions as of now*: the budgeter starts with them in their states; each
-  asks for its next turn after a tool gap drawn from the recorded gaps (a
-  parked or waiting one is held until the budgeter admits it), and lasts a
+* *sessions as of now*: the budgeter starts with them in their states; an
+  admitted one with a turn in flight has it in the engine at t = 0 (it was
+  forwarded under the current config: no control holds it; a collapsed
+  engine's backlog is there to drain), every other one asks for its next turn
+  after a tool gap drawn from the recorded gaps (a parked or waiting one is held
+  until the budgeter admits it); each lasts a
   total number of turns drawn from the recorded totals above the turns it has
   done (one more turn when no recorded total is above);
 * *new sessions*: Poisson arrivals at the recorded rate, first prompt and
@@ -128,7 +131,7 @@ def run_forecast(
 
     budgeter = Budgeter.from_dict(
         {
-            "config": config.to_dict(),
+            "config": config.replace(mode="off").to_dict(),  # the turns in flight were forwarded already
             "pool_tokens": pool_tokens,
             "sessions": [
                 {
@@ -236,7 +239,14 @@ def run_forecast(
             s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done)
         )
         sessions[s.id] = sess
-        loop.push(t0 + gap(sess), submit, sess)
+        if s.in_flight:
+            prompt = max(1, sess.context + rng.choice(sh.extras))
+            budgeter.request_turn(s.id, t0, prompt, inputs.output_budget)  # mode off: forwarded
+            sess.gated_at = t0
+            loop.push(t0, lambda now, x: forward(x[0], now, x[1]), (sess, prompt))
+        else:
+            loop.push(t0 + gap(sess), submit, sess)
+    budgeter.set_config(config)
     arr_rng = random.Random(f"{seed}-arrivals")
     t, i = 0.0, 0
     while sh.arrival_rate > 0 and sh.first_prompts:

@@ -167,6 +167,7 @@ class LiveRun:
         s["waiting_sessions"].append(backlog.get("waiting", 0))
         s["admitted"].append(backlog.get("admitted", 0))
         s["demand_tokens"].append(budgeter.get("demand_tokens", 0))
+        s["projected_demand_tokens"].append(budgeter.get("projected_demand_tokens"))
         s["kv_resident"].append(None)
         self.engine_series.append(s, snap)
 

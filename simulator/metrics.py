@@ -22,11 +22,18 @@ from simulator.engine import Engine, Histogram
 
 class EngineCollector(Collector):
     def __init__(
-        self, engine: Engine, created: float, extra: Callable[[], dict[str, float]] | None = None
+        self,
+        engine: Engine,
+        created: float,
+        extra: Callable[[], dict[str, float]] | None = None,
+        time_scale: float = 1.0,
     ) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         self.engine = engine
         self.created = created
         self.extra = extra
+        self.time_scale = time_scale
 
     def _labels(self) -> tuple[list[str], list[str]]:
         return ["engine", "model_name"], ["0", self.engine.model_name]
@@ -46,7 +53,11 @@ class EngineCollector(Collector):
     def _histogram(self, name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
         names, values = self._labels()
         fam = HistogramMetricFamily(name, doc, labels=names)
-        fam.add_metric(values, hist.cumulative(), sum_value=hist.total)
+        buckets, total = hist.cumulative(), hist.total
+        if name.endswith("_seconds") and self.time_scale != 1.0:  # simulated seconds -> wall seconds
+            buckets = [(b if b == "+Inf" else repr(float(b) / self.time_scale), c) for b, c in buckets]
+            total = total / self.time_scale
+        fam.add_metric(values, buckets, sum_value=total)
         return fam
 
     def collect(self) -> Iterator[Metric]:
@@ -215,8 +226,12 @@ class EngineCollector(Collector):
 
 
 def engine_registry(
-    engine: Engine, created: float, extra: Callable[[], dict[str, float]] | None = None
+    engine: Engine,
+    created: float,
+    extra: Callable[[], dict[str, float]] | None = None,
+    time_scale: float = 1.0,
 ) -> CollectorRegistry:
+    """``time_scale``: simulated seconds per wall second (the server's ``speed``); see the module doc."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, created, extra))
+    registry.register(EngineCollector(engine, created, extra, time_scale))
     return registry

@@ -19,6 +19,7 @@ from typing import Any
 from simulator.agent import CONTROLS, run_agent
 from simulator.config import SimConfig, SimConfigError, apply_overrides
 from simulator.rag import run_rag
+from simulator.truth import Watch
 
 __all__ = ["CONTROLS", "SCENARIOS", "Scenario", "run_scenario", "scenario", "scenario_config"]
 
@@ -62,8 +63,8 @@ _REGISTRY: dict[str, Scenario] = {
 }
 SCENARIOS = tuple(_REGISTRY)
 _MODELS: dict[str, Callable[..., dict[str, Any]]] = {
-    "agent": lambda cfg, control, seed, minutes: run_agent(cfg, control, seed, minutes),
-    "rag": lambda cfg, control, seed, minutes: run_rag(cfg, seed, minutes),
+    "agent": lambda cfg, control, seed, minutes, watch: run_agent(cfg, control, seed, minutes, watch),
+    "rag": lambda cfg, control, seed, minutes, watch: run_rag(cfg, seed, minutes, watch),
 }
 
 
@@ -86,16 +87,18 @@ def run_scenario(
     minutes: float,
     overrides: dict[str, Any] | None = None,
     exact: bool = False,
+    watch: Watch | None = None,
 ) -> dict[str, Any]:
     """One offline run; returns ``{"scenario", "control", "seed", "minutes", "mode", "config", "series", "summary"}``.
 
     ``control`` is the budgeter's mode for the agent model; the RAG model has no budgeter and ignores it.
+    ``watch`` (``simulator.truth``) records the turn trace and why each missing block was missing.
     """
     sc = scenario(name)
     cfg = apply_overrides(sc.preset(SimConfig()), dict(overrides or {}))
     if exact:
         cfg = replace(cfg, engine=replace(cfg.engine, mode="exact"))
-    result = _MODELS[sc.model](cfg, control, seed, minutes)
+    result = _MODELS[sc.model](cfg, control, seed, minutes, watch)
     return {
         "scenario": name,
         "control": control,

@@ -59,6 +59,7 @@ class Table(Protocol):
 class Pool(Protocol):
     num_blocks: int
     block_size: int
+    watch: Any  # a simulator.truth.Watch, or None (the default: nothing recorded)
 
     def num_free(self) -> int: ...
     def num_cached_free(self) -> int: ...
@@ -148,6 +149,7 @@ class BlockPool:
         self.offload = _OffloadTier(offload_blocks)
         self._evictions = 0
         self._cached_free = 0
+        self.watch: Any = None
 
     def _base(self, label: Hashable) -> int:
         base = self.labels.get(label)
@@ -322,6 +324,10 @@ class BlockPool:
                     ver[base] = ver.get(base, 0) + 1
                 self._evictions += len(keys)
                 self._cached_free -= len(keys)
+                if self.watch is not None:
+                    for k in keys:
+                        i = k & 0xFFFFFFFF
+                        self.watch.evicted_keys(self.label_of[k >> 32], i, i + 1)
                 if self.offload.capacity > 0:
                     for k in keys:
                         self.offload.put(self.external_key(k))
@@ -348,6 +354,8 @@ class BlockPool:
                     self.key[b] = k
                     self.keyed[b] = True
                     self._ver[base] = self._ver.get(base, 0) + 1
+                    if self.watch is not None:
+                        self.watch.keyed(label, i, i + 1)
             table.keyed = upto
             return
         for label, lo, hi in content.spans(table.keyed, upto, self.block_size):
@@ -361,6 +369,12 @@ class BlockPool:
                 keys, bids = zip(*pairs, strict=True)  # type: ignore[assignment]
             k2b.update(zip(keys, bids, strict=True))
             self._ver[base] = self._ver.get(base, 0) + 1
+            if self.watch is not None:
+                if isinstance(keys, range):
+                    self.watch.keyed(label, lo, hi)
+                else:
+                    for k in keys:
+                        self.watch.keyed(label, k - base, k - base + 1)
             if len(bids) <= 8:
                 key, keyed = self.key, self.keyed
                 for k, b in zip(keys, bids, strict=True):
@@ -398,6 +412,8 @@ class BlockPool:
         self.key[:] = -1
         self.keyed[:] = False
         self._cached_free = 0
+        if self.watch is not None:
+            self.watch.flushed()
         return True
 
     # ---- for tests
@@ -470,6 +486,7 @@ class RunPool:
         self._evictions = 0
         self.offload = _OffloadTier(offload_blocks)
         self.queue[Seg(None, 0, num_blocks, 0)] = None
+        self.watch: Any = None
 
     def num_free(self) -> int:
         return self._free
@@ -599,6 +616,8 @@ class RunPool:
                 if self.offload.capacity > 0:
                     for i in range(s.hi - 1, s.hi - 1 - take, -1):
                         self.offload.put((s.label, i))
+                if self.watch is not None:
+                    self.watch.evicted_keys(s.label, s.hi - take, s.hi)
                 s.hi -= take
             if s.hi == s.lo:
                 del queue[s]
@@ -638,6 +657,8 @@ class RunPool:
                     segs.insert(j, Seg(label, pos, end, 1))
                     j += 1
                 self._cached += end - pos
+                if self.watch is not None:
+                    self.watch.keyed(label, pos, end)
                 self._table_add(table, label, pos, end)
                 pos = end
             if not segs:
@@ -724,6 +745,8 @@ class RunPool:
         self.queue[Seg(None, 0, self.num_blocks, 0)] = None
         self._cached = 0
         self._cached_free = 0
+        if self.watch is not None:
+            self.watch.flushed()
         return True
 
     def queue_keys(self) -> list[Hashable | None]:

@@ -92,7 +92,7 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
         )
     return ForecastInputs(
         engine=EngineConfig(pool_tokens=int(pools[-1]), block_size=BLOCK_SIZE),
-        cost=cost_from_latencies(eng),
+        cost=cost_from_latencies(eng, pools[-1]),
         cost_source="latencies",
         sessions=sessions,
         shapes=shapes,

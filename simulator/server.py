@@ -13,7 +13,8 @@ Answers are deterministic filler text of exactly the generated token count.
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``POST /v1/completions`` (streaming and not), ``GET /metrics`` (vLLM names plus
 ``sim:`` ground truth), and simulator controls ``POST /sim/flush`` (prefix-cache
-flush with preemption) and ``GET /sim/state``.
+flush with preemption) and ``GET /sim/state``. The engine stepped in real time behind these
+routes is `simulator.live_engine.LiveEngine`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from simulator.config import CostModel, EngineConfig
 from simulator.content import CHARS_PER_TOKEN, TextContent, filler, tokens_of_text
 from simulator.engine import ABORTED, FINISHED, Engine, RequestTooLong
 from simulator.engine import Request as EngineRequest
+from simulator.live_engine import LiveEngine
 from simulator.metrics import engine_registry
 
 log = logging.getLogger(__name__)
@@ -81,95 +83,9 @@ class ServeConfig:
     prompt_tokens_details: bool = True
 
 
-class LiveEngine:
-    """Steps an ``Engine`` in scaled real time inside the event loop."""
-
-    def __init__(self, engine: Engine, speed: float, clock: Any = time.monotonic) -> None:
-        if speed <= 0:
-            raise ValueError(f"speed must be > 0, got {speed!r}")
-        self.engine = engine
-        self.speed = speed
-        self.clock = clock
-        self.wall0 = clock()
-        self.sim0 = engine.now
-        self._kick = asyncio.Event()
-        self._tick = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.sessions: dict[str, float] = {}  # X-Session-Id -> last seen (sim time)
-        self.session_idle_s = 300.0
-
-    def sim_now(self) -> float:
-        return self.sim0 + (self.clock() - self.wall0) * self.speed
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    def submit(self, req: EngineRequest) -> None:
-        now = self.sim_now()
-        if self.engine.idle():
-            self.engine.now = max(self.engine.now, now)
-        req.arrival = max(now, 0.0)
-        self.engine.add_request(req)
-        self._kick.set()
-
-    def abort(self, req: EngineRequest) -> None:
-        self.engine.abort(req)
-
-    def touch_session(self, session_id: str | None, end: bool) -> None:
-        if not session_id:
-            return
-        if end:
-            self.sessions.pop(session_id, None)
-        else:
-            self.sessions[session_id] = self.sim_now()
-
-    def sessions_in_system(self) -> int:
-        horizon = self.sim_now() - self.session_idle_s
-        for sid in [s for s, t in self.sessions.items() if t < horizon]:
-            del self.sessions[sid]
-        return len(self.sessions)
-
-    async def wait_tick(self, timeout: float = 0.25) -> None:
-        tick = self._tick
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(tick.wait(), timeout)
-
-    async def _loop(self) -> None:
-        engine = self.engine
-        while True:
-            try:
-                target = self.sim_now()
-                for _ in range(1000):
-                    if not engine.run_until(target):
-                        break
-            except Exception:  # noqa: BLE001 - the engine loop must survive a bad request
-                log.exception("engine step failed")
-            tick, self._tick = self._tick, asyncio.Event()
-            tick.set()
-            ahead = (engine.now - self.sim_now()) / self.speed
-            delay = min(0.02, ahead) if ahead > 0 else 0.02
-            self._kick.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), max(delay, 0.001))
-
-    async def wait_done(self, req: EngineRequest) -> bool:
-        """Wait until ``req`` finished and its finish time has come; False when it was aborted."""
-        while True:
-            if req.status == ABORTED:
-                return False
-            if req.status == FINISHED and self.sim_now() >= (req.finish_time or 0.0):
-                return True
-            await self.wait_tick()
-
-
-def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None = None,
-               serve: ServeConfig | None = None) -> FastAPI:
+def create_app(
+    engine_config: EngineConfig | None = None, cost: CostModel | None = None, serve: ServeConfig | None = None
+) -> FastAPI:
     serve = serve or ServeConfig()
     engine = Engine(engine_config or EngineConfig(), cost or CostModel(), model_name=serve.model)
     created = time.time()
@@ -182,15 +98,20 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
             "sessions_in_system": float(live.sessions_in_system()) if live else 0.0,
         }
 
-    registry = engine_registry(engine, created, extra)
+    registry = engine_registry(engine, created, extra, serve.speed)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         live = LiveEngine(engine, serve.speed)
         state["live"] = live
         live.start()
-        log.info("simulated engine %s: %d blocks x %d tokens, speed %.3g", serve.model,
-                 engine.config.num_blocks, engine.config.block_size, serve.speed)
+        log.info(
+            "simulated engine %s: %d blocks x %d tokens, speed %.3g",
+            serve.model,
+            engine.config.num_blocks,
+            engine.config.block_size,
+            serve.speed,
+        )
         yield
         await live.stop()
 
@@ -207,13 +128,31 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     def model_card() -> dict[str, Any]:
-        return {"id": serve.model, "object": "model", "created": int(created), "owned_by": "vllm",
-                "root": serve.model, "parent": None, "max_model_len": MAX_MODEL_LEN,
-                "permission": [{"id": f"modelperm-{uuid.uuid4().hex[:16]}", "object": "model_permission",
-                                "created": int(created), "allow_create_engine": False, "allow_sampling": True,
-                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                "allow_fine_tuning": False, "organization": "*", "group": None,
-                                "is_blocking": False}]}
+        return {
+            "id": serve.model,
+            "object": "model",
+            "created": int(created),
+            "owned_by": "vllm",
+            "root": serve.model,
+            "parent": None,
+            "max_model_len": MAX_MODEL_LEN,
+            "permission": [
+                {
+                    "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+                    "object": "model_permission",
+                    "created": int(created),
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -223,12 +162,22 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
     async def sim_state() -> dict[str, Any]:
         live: LiveEngine = state["live"]
         pool = engine.pool
-        return {"model": serve.model, "speed": serve.speed, "sim_time_s": live.sim_now(), "engine_time_s": engine.now,
-                "running": len(engine.running), "waiting": len(engine.waiting), "num_blocks": pool.num_blocks,
-                "free_blocks": pool.num_free(), "cached_free_blocks": pool.num_cached_free(),
-                "kv_usage": engine.kv_usage, "prefix_queries": engine.stats.prefix_queries,
-                "prefix_hits": engine.stats.prefix_hits, "preemptions": engine.stats.preemptions,
-                "sessions_in_system": live.sessions_in_system()}
+        return {
+            "model": serve.model,
+            "speed": serve.speed,
+            "sim_time_s": live.sim_now(),
+            "engine_time_s": engine.now,
+            "running": len(engine.running),
+            "waiting": len(engine.waiting),
+            "num_blocks": pool.num_blocks,
+            "free_blocks": pool.num_free(),
+            "cached_free_blocks": pool.num_cached_free(),
+            "kv_usage": engine.kv_usage,
+            "prefix_queries": engine.stats.prefix_queries,
+            "prefix_hits": engine.stats.prefix_hits,
+            "preemptions": engine.stats.preemptions,
+            "sessions_in_system": live.sessions_in_system(),
+        }
 
     @app.post("/sim/flush")
     async def sim_flush() -> dict[str, Any]:
@@ -252,14 +201,20 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
         prompt_tokens = tokens_of_text(prompt)
         raw_max = body.get("max_completion_tokens", body.get("max_tokens"))
         if raw_max is not None and (isinstance(raw_max, bool) or not isinstance(raw_max, int) or raw_max < 1):
-            return error_response(f"max_tokens must be a positive integer, got {raw_max!r}", "BadRequestError",
-                                  400, "max_tokens")
+            return error_response(
+                f"max_tokens must be a positive integer, got {raw_max!r}",
+                "BadRequestError",
+                400,
+                "max_tokens",
+            )
         if prompt_tokens + (raw_max or 0) > MAX_MODEL_LEN:
             return error_response(
                 f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested "
                 f"{prompt_tokens + (raw_max or 0)} tokens ({prompt_tokens} in the messages, {raw_max or 0} in "
                 "the completion). Please reduce the length of the messages or completion.",
-                "BadRequestError", 400)
+                "BadRequestError",
+                400,
+            )
         digest = hashlib.blake2b(f"{serve.seed}:{prompt}".encode(), digest_size=16).digest()
         natural = max(1, int(serve.default_output_tokens * (0.5 + random.Random(digest).random())))
         if raw_max is None:
@@ -270,13 +225,23 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
             n, reason = natural, "stop"
         answer = answer_text(n, digest)
         content = TextContent(prompt + answer, engine.block_size)
-        req = EngineRequest(id=f"{kind}-{uuid.uuid4().hex}", content=content, prompt_tokens=prompt_tokens,
-                            max_tokens=n, arrival=0.0, tag=answer, finish_reason=reason)
+        req = EngineRequest(
+            id=f"{kind}-{uuid.uuid4().hex}",
+            content=content,
+            prompt_tokens=prompt_tokens,
+            max_tokens=n,
+            arrival=0.0,
+            tag=answer,
+            finish_reason=reason,
+        )
         return req
 
     def usage(req: EngineRequest) -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.output,
-                               "completion_tokens": req.output}
+        out: dict[str, Any] = {
+            "prompt_tokens": req.prompt_tokens,
+            "total_tokens": req.prompt_tokens + req.output,
+            "completion_tokens": req.output,
+        }
         if serve.prompt_tokens_details:
             out["prompt_tokens_details"] = {"cached_tokens": int(req.cached_tokens or 0)}
         else:
@@ -310,16 +275,44 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
         text = str(req.tag)
         created_s = int(time.time())
         if chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text,
-                                                               "reasoning_content": None, "tool_calls": []},
-                                      "logprobs": None, "finish_reason": req.finish_reason, "stop_reason": None}
-            body = {"id": f"chatcmpl-{req.id}", "object": "chat.completion", "created": created_s,
-                    "model": serve.model, "choices": [choice], "usage": usage(req), "prompt_logprobs": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "reasoning_content": None,
+                    "tool_calls": [],
+                },
+                "logprobs": None,
+                "finish_reason": req.finish_reason,
+                "stop_reason": None,
+            }
+            body = {
+                "id": f"chatcmpl-{req.id}",
+                "object": "chat.completion",
+                "created": created_s,
+                "model": serve.model,
+                "choices": [choice],
+                "usage": usage(req),
+                "prompt_logprobs": None,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
-                      "stop_reason": None, "prompt_logprobs": None}
-            body = {"id": f"cmpl-{req.id}", "object": "text_completion", "created": created_s,
-                    "model": serve.model, "choices": [choice], "usage": usage(req)}
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": req.finish_reason,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+            body = {
+                "id": f"cmpl-{req.id}",
+                "object": "text_completion",
+                "created": created_s,
+                "model": serve.model,
+                "choices": [choice],
+                "usage": usage(req),
+            }
         return JSONResponse(body)
 
     def stream(req: EngineRequest, request: Request, chat: bool, include_usage: bool) -> StreamingResponse:
@@ -336,12 +329,23 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
                     delta["role"] = "assistant"
                 if delta_text is not None:
                     delta["content"] = delta_text
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice: dict[str, Any] = {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
             else:
                 choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish}
             if finish is not None:
                 choice["stop_reason"] = None
-            payload = {"id": rid, "object": obj, "created": created_s, "model": serve.model, "choices": [choice]}
+            payload = {
+                "id": rid,
+                "object": obj,
+                "created": created_s,
+                "model": serve.model,
+                "choices": [choice],
+            }
             return f"data: {json.dumps(payload)}\n\n"
 
         async def events() -> AsyncIterator[str]:
@@ -362,7 +366,7 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
                     else:
                         visible = 0
                     if visible > sent:
-                        piece = text[sent * CHARS_PER_TOKEN:visible * CHARS_PER_TOKEN]
+                        piece = text[sent * CHARS_PER_TOKEN : visible * CHARS_PER_TOKEN]
                         sent = visible
                         if done:
                             yield chunk(piece, req.finish_reason)
@@ -373,8 +377,14 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
                         break
                     await live.wait_tick()
                 if include_usage:
-                    payload = {"id": rid, "object": obj, "created": created_s, "model": serve.model,
-                               "choices": [], "usage": usage(req)}
+                    payload = {
+                        "id": rid,
+                        "object": obj,
+                        "created": created_s,
+                        "model": serve.model,
+                        "choices": [],
+                        "usage": usage(req),
+                    }
                     yield f"data: {json.dumps(payload)}\n\n"
                 yield "data: [DONE]\n\n"
                 end_session(request)
@@ -426,8 +436,14 @@ def create_app(engine_config: EngineConfig | None = None, cost: CostModel | None
     return app
 
 
-def serve_main(host: str, port: int, engine_config: EngineConfig, serve: ServeConfig,
-               cost: CostModel | None = None, log_level: str = "info") -> None:
+def serve_main(
+    host: str,
+    port: int,
+    engine_config: EngineConfig,
+    serve: ServeConfig,
+    cost: CostModel | None = None,
+    log_level: str = "info",
+) -> None:
     import uvicorn
 
     app = create_app(engine_config, cost, serve)

@@ -161,6 +161,7 @@ def signal_points(result: dict[str, Any]) -> dict[str, Iterator[tuple[float, dic
                     "high": control["high_band"],
                     "pool_tokens": pool,
                     "demand_tokens": s["demand_tokens"][i],
+                    "projected_demand_tokens": (s.get("projected_demand_tokens") or [None] * len(s["t"]))[i],
                 },
                 "backlog": {
                     "admitted": s["admitted"][i],

@@ -9,9 +9,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import settings
 
-from tests import support
+from tests import support, xdist_groups
 from tests.db.pg import fresh_database, postgres_server
+
+# Property tests check results, not speed: a per-example deadline only measures the machine's load
+# (it failed tests/core/test_runs.py once under a loaded `-n 2` run).
+settings.register_profile("prefixops", deadline=None)
+settings.load_profile("prefixops")
 
 
 def _starts_processes(module: ModuleType) -> bool:
@@ -30,6 +36,12 @@ def _starts_processes(module: ModuleType) -> bool:
         ):
             return True
     return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist_group marks keep their tests on one worker again under pytest 9.2 (see tests/xdist_groups.py)
+    if not config.pluginmanager.is_registered(xdist_groups):
+        config.pluginmanager.register(xdist_groups, "prefixops-xdist-groups")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

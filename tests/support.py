@@ -172,3 +172,28 @@ def running(
 def read_log(proc: subprocess.Popen) -> str:
     """Everything a process started by `running` has printed so far."""
     return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def simulator_and_sidecar(
+    state_dir: Path,
+    *,
+    engine_args: tuple[str, ...] = (),
+    sidecar_args: tuple[str, ...] = (),
+    sidecar_env: Mapping[str, str] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """`python -m simulator serve` and `python -m sidecar` in front of it, each on a free loopback port.
+
+    Yields ``(engine_url, sidecar_url)`` once both answer; the sidecar keeps its state in
+    ``state_dir / "sidecar.db"``. Extra command-line arguments go to each process as given.
+    """
+    engine_port, sidecar_port = free_port(), free_port()
+    engine, sidecar = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
+    engine_cmd = [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), *engine_args]
+    sidecar_cmd = [PYTHON, "-m", "sidecar", "--engine", engine, "--port", str(sidecar_port)]
+    sidecar_cmd += ["--state-db", str(state_dir / "sidecar.db"), *sidecar_args]
+    with (
+        running(engine_cmd, name="simulator", ready_url=f"{engine}/health"),
+        running(sidecar_cmd, name="sidecar", ready_url=f"{sidecar}/healthz", env=sidecar_env),
+    ):
+        yield engine, sidecar

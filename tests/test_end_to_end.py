@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 
 from db import make_engine
 from db import queries as q
-from tests.support import PYTHON, free_port, running
+from tests.support import PYTHON, running, simulator_and_sidecar
 
 pytestmark = pytest.mark.xdist_group("heavy")
 
@@ -55,41 +55,11 @@ def wait_until_scraped(tmp_path, db_url: str, url: str) -> None:
 
 
 def test_collectors_store_the_sidecars_token_weighted_hit_rate(tmp_path):
-    engine_port, sidecar_port = free_port(), free_port()
-    engine = f"http://127.0.0.1:{engine_port}"
-    sidecar = f"http://127.0.0.1:{sidecar_port}"
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     with (
-        running(
-            [
-                PYTHON,
-                "-m",
-                "simulator",
-                "serve",
-                "--port",
-                str(engine_port),
-                "--speed",
-                "50",
-                "--model",
-                "sim-model",
-            ],
-            name="simulator",
-            ready_url=f"{engine}/health",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine,
-                "--port",
-                str(sidecar_port),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar}/healthz",
+        simulator_and_sidecar(tmp_path, engine_args=("--speed", "50", "--model", "sim-model")) as (
+            engine,
+            sidecar,
         ),
         running(
             [PYTHON, "-m", "collectors", "--engine", engine, "--sidecar", sidecar, "--database-url", db_url],

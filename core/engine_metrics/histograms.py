@@ -15,7 +15,12 @@ itl        ``vllm:inter_token_latency_seconds``, else       ``sglang:inter_token
 queue_time ``vllm:request_queue_time_seconds``              ``sglang:queue_time_seconds``
 prompt_len ``vllm:request_prompt_tokens``                   ``sglang:prompt_tokens_histogram``
 output_len ``vllm:request_generation_tokens``               ``sglang:generation_tokens_histogram``
+decode_    ``vllm:request_decode_time_seconds``             (none)
+time
 ========== ================================================ =============================================
+
+``decode_time`` (first token to last) excludes the time in the queue: the forecast's cost model is
+estimated from it (`simulator.forecast`).
 
 Buckets are cumulative ``(upper bound, count)`` pairs, ascending, ``+Inf`` last. An interval with no
 new observations, a reset (a count went down) or changed bucket bounds gives no quantile (absent, not 0).
@@ -59,6 +64,7 @@ FAMILIES: dict[str, dict[str, tuple[str, ...]]] = {
         "vllm": ("vllm:request_generation_tokens_bucket",),
         "sglang": ("sglang:generation_tokens_histogram_bucket",),
     },
+    "decode_time": {"vllm": ("vllm:request_decode_time_seconds_bucket",)},
 }
 QUANTILES: tuple[tuple[float, str], ...] = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
 BASES: frozenset[str] = frozenset(

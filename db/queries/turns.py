@@ -23,7 +23,15 @@ from typing import Any
 from sqlalchemy import select
 
 from core import signals as sig
-from core.attribution import CAUSES, MISS_CAUSES, Attributor, Events, Turn, recomputed_hits
+from core.attribution import (
+    CAUSES,
+    MISS_CAUSES,
+    Attributor,
+    Events,
+    Turn,
+    above_pool_intervals,
+    recomputed_hits,
+)
 from db.models import CompactionDecision, Sample, Series
 from db.models import Turn as TurnRow
 from db.queries._common import Conn, id_list, rows, run
@@ -98,20 +106,10 @@ def pressure_intervals(conn: Conn, start_ts: float, end_ts: float) -> list[tuple
         .where(Series.signal == sig.DEMAND_FRACTION, Sample.ts >= start_ts, Sample.ts < end_ts)
         .order_by(Sample.series_id, Sample.ts),
     )
-    spans: list[tuple[float, float]] = []
-    for i, (series_id, ts, value) in enumerate(points):
-        if value is None or value <= 1.0:
-            continue
-        nxt = points[i + 1] if i + 1 < len(points) and points[i + 1][0] == series_id else None
-        spans.append((float(ts), float(nxt[1]) if nxt is not None else float(ts)))
-    spans.sort()
-    merged: list[tuple[float, float]] = []
-    for a, b in spans:
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
+    per_series: dict[int, list[tuple[float, float | None]]] = {}
+    for series_id, ts, value in points:
+        per_series.setdefault(series_id, []).append((float(ts), value))
+    return above_pool_intervals(per_series.values())
 
 
 def as_turn(row: dict[str, Any]) -> Turn:
@@ -124,6 +122,7 @@ def as_turn(row: dict[str, Any]) -> Turn:
         subtree=row["subtree_id"],
         sidecar=str(row["target_id"]),
         parked_s=row["parked_s"] or 0.0,
+        latency_s=row["latency_s"] or 0.0,
     )
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support import ARTIFACTS, wait_http
+from tests.support import ARTIFACTS, PYTHON, free_port, running
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -30,6 +30,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 SCREENSHOTS = ARTIFACTS / "screenshots"
+# A filled database is "now" when it is filled; these keep it fresh for the length of a test module.
+FRESH_FILL = {"PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600"}
 
 
 def require_chromium() -> None:
@@ -57,8 +59,37 @@ def browser_page(width: int = 1400, height: int = 2600) -> Iterator[Any]:
             browser.close()
 
 
-def wait_streamlit(base_url: str, timeout: float = 60.0) -> None:
-    wait_http(f"{base_url}/_stcore/health", timeout, expect_text="ok")
+@contextmanager
+def streamlit_app(
+    database_url: str, env: Mapping[str, str] | None = None, port: int | None = None
+) -> Iterator[str]:
+    """`streamlit run app.py` over ``database_url`` on a loopback port (a free one unless given).
+
+    Yields the base URL once ``/_stcore/health`` answers ``ok``; ``env`` adds to the process's
+    environment (``DATABASE_URL`` is set from ``database_url``). The server stops on exit.
+    """
+    port = port or free_port()
+    cmd = [
+        PYTHON,
+        "-m",
+        "streamlit",
+        "run",
+        "app.py",
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+    ]
+    base = f"http://127.0.0.1:{port}"
+    with running(
+        cmd,
+        name="streamlit",
+        ready_url=f"{base}/_stcore/health",
+        env={"DATABASE_URL": database_url, **(env or {})},
+        expect_text="ok",
+        timeout=60,
+    ):
+        yield base
 
 
 def wait_idle(page: Any, timeout_ms: int = 30_000) -> None:

@@ -15,9 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from tests.browser.pw import browser_page, open_page, require_chromium, screenshot, wait_idle
+from tests.browser.pw import (
+    FRESH_FILL,
+    browser_page,
+    open_page,
+    require_chromium,
+    screenshot,
+    streamlit_app,
+    wait_idle,
+)
 from tests.dashboard.fill import filled_engine
-from tests.support import PYTHON, REPO, free_port, running
+from tests.support import PYTHON, REPO
 
 pytestmark = pytest.mark.browser
 
@@ -47,28 +55,8 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s
     url = f"sqlite:///{path}"
     assert _cli(url, "add", "ada", "--role", "admin", stdin=PASSWORD + "\n") == "added ada (admin)\n"
     assert _cli(url, "add", "vera", "--role", "viewer", stdin=PASSWORD + "\n") == "added vera (viewer)\n"
-    port = free_port()
-    env = {"DATABASE_URL": url, "PREFIXOPS_STALE_SECONDS": "600", "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600"}
-    cmd = [
-        PYTHON,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-    ]
-    with running(
-        cmd,
-        name="streamlit",
-        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-        env=env,
-        expect_text="ok",
-        timeout=60,
-    ):
-        yield f"http://127.0.0.1:{port}", url
+    with streamlit_app(url, FRESH_FILL) as base:
+        yield base, url
 
 
 def _sign_in(page: Any, name: str, password: str) -> None:

@@ -20,8 +20,8 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from tests.browser.pw import browser_page, open_page, require_chromium, screenshot, wait_idle
-from tests.support import PYTHON, REPO, free_port, running, wait_for
+from tests.browser.pw import browser_page, open_page, require_chromium, screenshot, streamlit_app, wait_idle
+from tests.support import PYTHON, REPO, running, simulator_and_sidecar, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -76,45 +76,29 @@ def _sessions_in_db(database_url: str) -> set[str]:
         engine.dispose()
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    require_chromium()
-    _require_processes()
-    tmp: Path = tmp_path_factory.mktemp("live")
-    p_engine, p_sidecar, p_dash = free_port(), free_port(), free_port()
-    engine = f"http://127.0.0.1:{p_engine}"
-    sidecar = f"http://127.0.0.1:{p_sidecar}"
-    database_url = f"sqlite:///{tmp / 'prefixops.db'}"
+def _collector_config(tmp: Path, engine: str, sidecar: str) -> Path:
     config = tmp / "prefixops.toml"
     config.write_text(
         f'[collector]\ninterval_s = 0.5\n\n[[engines]]\nurl = "{engine}"\nname = "sim"\n\n'
         f'[[sidecars]]\nurl = "{sidecar}"\nengine = "{engine}"\nname = "sim-sidecar"\n'
         f'operator_token = "{TOKEN}"\n'
     )
+    return config
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    require_chromium()
+    _require_processes()
+    tmp: Path = tmp_path_factory.mktemp("live")
+    database_url = f"sqlite:///{tmp / 'prefixops.db'}"
     with (
+        simulator_and_sidecar(
+            tmp, engine_args=("--speed", "20"), sidecar_env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN}
+        ) as (engine, sidecar),
         running(
-            [PYTHON, "-m", "simulator", "serve", "--port", str(p_engine), "--speed", "20"],
-            name="simulator",
-            ready_url=f"{engine}/v1/models",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine,
-                "--port",
-                str(p_sidecar),
-                "--state-db",
-                str(tmp / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar}/healthz",
-            env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN},
-        ),
-        running(
-            [PYTHON, "-m", "collectors", "--config", str(config), "--database-url", database_url],
+            [PYTHON, "-m", "collectors", "--config", str(_collector_config(tmp, engine, sidecar))]
+            + ["--database-url", database_url],
             name="collectors",
         ),
     ):
@@ -145,31 +129,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             timeout=60,
             cwd=REPO,
         )
-        env = {
-            "DATABASE_URL": database_url,
-            "PREFIXOPS_CONFIG": str(config),
-            "PREFIXOPS_REFRESH_SECONDS": "1",
-        }
-        cmd = [
-            PYTHON,
-            "-m",
-            "streamlit",
-            "run",
-            "app.py",
-            "--server.port",
-            str(p_dash),
-            "--server.headless",
-            "true",
-        ]
-        with running(
-            cmd,
-            name="streamlit",
-            ready_url=f"http://127.0.0.1:{p_dash}/_stcore/health",
-            expect_text="ok",
-            env=env,
-            timeout=60,
-        ):
-            yield Stack(f"http://127.0.0.1:{p_dash}", sidecar, engine, database_url)
+        env = {"PREFIXOPS_CONFIG": str(tmp / "prefixops.toml"), "PREFIXOPS_REFRESH_SECONDS": "1"}
+        with streamlit_app(database_url, env) as dashboard:
+            yield Stack(dashboard, sidecar, engine, database_url)
 
 
 def _sign_in(page: Any, base: str) -> None:

@@ -17,9 +17,16 @@ from sqlalchemy import insert, select
 
 from bench.bench_forecast import FIT, recorded
 from db import models
-from tests.browser.pw import browser_page, open_page, require_chromium, screenshot, wait_idle
+from tests.browser.pw import (
+    FRESH_FILL,
+    browser_page,
+    open_page,
+    require_chromium,
+    screenshot,
+    streamlit_app,
+    wait_idle,
+)
 from tests.dashboard.fill import ENGINES, filled_engine
-from tests.support import PYTHON, free_port, running
 
 pytestmark = pytest.mark.browser
 
@@ -55,34 +62,9 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     engine.dispose()
     fit = base / "fit.json"
     fit.write_text(json.dumps({"engine": ENGINES["a"]["engine_url"], "set": FIT}))
-    port = free_port()
-    env = {
-        "DATABASE_URL": f"sqlite:///{path}",
-        "PREFIXOPS_STALE_SECONDS": "600",
-        "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
-        "PREFIXOPS_REFRESH_SECONDS": "5",
-        "PREFIXOPS_FIT": str(fit),
-    }
-    cmd = [
-        PYTHON,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-    ]
-    with running(
-        cmd,
-        name="streamlit",
-        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-        env=env,
-        expect_text="ok",
-        timeout=60,
-    ):
-        yield f"http://127.0.0.1:{port}"
+    env = {**FRESH_FILL, "PREFIXOPS_REFRESH_SECONDS": "5", "PREFIXOPS_FIT": str(fit)}
+    with streamlit_app(f"sqlite:///{path}", env) as url:
+        yield url
 
 
 def test_forecast_runs_in_the_background_and_shows_both_runs(dashboard: str) -> None:

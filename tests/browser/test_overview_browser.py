@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.pw import browser_page, open_page, require_chromium, screenshot, wait_idle
+from tests.browser.pw import (
+    FRESH_FILL,
+    browser_page,
+    open_page,
+    require_chromium,
+    screenshot,
+    streamlit_app,
+    wait_idle,
+)
 from tests.dashboard.fill import filled_engine
-from tests.support import PYTHON, free_port, running
 
 pytestmark = pytest.mark.browser
 
@@ -26,35 +33,9 @@ def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path: Path = tmp_path_factory.mktemp("browser") / "filled.db"
     engine, _now = filled_engine(f"sqlite:///{path}")
     engine.dispose()
-    port = free_port()
-    env = {
-        "DATABASE_URL": f"sqlite:///{path}",
-        # The fill is "now" when it runs; keep it fresh for the length of this module.
-        "PREFIXOPS_STALE_SECONDS": "600",
-        "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
-        # A refresh longer than a page's run on a loaded 2-core machine, so the page is seen idle.
-        "PREFIXOPS_REFRESH_SECONDS": "5",
-    }
-    cmd = [
-        PYTHON,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-    ]
-    with running(
-        cmd,
-        name="streamlit",
-        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-        env=env,
-        expect_text="ok",
-        timeout=60,
-    ):
-        yield f"http://127.0.0.1:{port}"
+    # A refresh longer than a page's run on a loaded 2-core machine, so the page is seen idle.
+    with streamlit_app(f"sqlite:///{path}", {**FRESH_FILL, "PREFIXOPS_REFRESH_SECONDS": "5"}) as base:
+        yield base
 
 
 def test_overview_shows_the_hit_rate_chart_with_data(dashboard: str) -> None:
@@ -120,31 +101,11 @@ def test_first_visitor_of_a_deep_link_after_a_server_start_gets_the_routed_page(
     path = tmp_path / "filled.db"
     engine, _now = filled_engine(f"sqlite:///{path}")
     engine.dispose()
-    port = free_port()
-    env = {"DATABASE_URL": f"sqlite:///{path}", "PREFIXOPS_REFRESH_SECONDS": "5"}
-    cmd = [
-        PYTHON,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-    ]
     with (
-        running(
-            cmd,
-            name="streamlit",
-            ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-            env=env,
-            expect_text="ok",
-            timeout=60,
-        ),
+        streamlit_app(f"sqlite:///{path}", {"PREFIXOPS_REFRESH_SECONDS": "5"}) as base,
         browser_page() as page,
     ):
-        open_page(page, f"http://127.0.0.1:{port}/engine?engine=a&range=24h")
+        open_page(page, f"{base}/engine?engine=a&range=24h")
         page.wait_for_timeout(1500)
         wait_idle(page)
         assert "Page not found" not in page.content()

@@ -15,42 +15,16 @@ from sqlalchemy import insert, select, update
 
 from db import make_engine
 from db.models import Alert, SidecarState, Target
-from tests.browser.pw import browser_page, require_chromium, screenshot
+from tests.browser.pw import FRESH_FILL, browser_page, require_chromium, screenshot, streamlit_app
 from tests.dashboard.fill import filled_engine
 from tests.dashboard.fill_fleet import fill_fleet
-from tests.support import PYTHON, free_port, running
 
 pytestmark = pytest.mark.browser
 
 
 def serve(path: Path) -> Iterator[str]:
-    port = free_port()
-    env = {
-        "DATABASE_URL": f"sqlite:///{path}",
-        "PREFIXOPS_STALE_SECONDS": "600",
-        "PREFIXOPS_HEARTBEAT_STALE_SECONDS": "600",
-        "PREFIXOPS_REFRESH_SECONDS": "5",
-    }
-    cmd = [
-        PYTHON,
-        "-m",
-        "streamlit",
-        "run",
-        "app.py",
-        "--server.port",
-        str(port),
-        "--server.headless",
-        "true",
-    ]
-    with running(
-        cmd,
-        name="streamlit",
-        ready_url=f"http://127.0.0.1:{port}/_stcore/health",
-        env=env,
-        expect_text="ok",
-        timeout=60,
-    ):
-        yield f"http://127.0.0.1:{port}"
+    with streamlit_app(f"sqlite:///{path}", {**FRESH_FILL, "PREFIXOPS_REFRESH_SECONDS": "5"}) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

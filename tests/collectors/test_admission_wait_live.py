@@ -14,38 +14,13 @@ from collectors.service import Collector
 from core.alerts import AlertSettings
 from db import make_engine, queries
 from db.migrate import upgrade
-from tests.support import PYTHON, free_port, running
+from tests.support import simulator_and_sidecar
 
 
 def test_admission_wait_fires_on_a_real_queue_and_resolves(tmp_path):
-    engine_port, sidecar_port = free_port(), free_port()
-    engine_url, sidecar_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
     db = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     upgrade(db)
-    with (
-        running(
-            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port)],
-            name="simulator",
-            ready_url=f"{engine_url}/metrics",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine_url,
-                "--port",
-                str(sidecar_port),
-                "--pool-tokens",
-                "8000",
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar_url}/healthz",
-        ),
-    ):
+    with simulator_and_sidecar(tmp_path, sidecar_args=("--pool-tokens", "8000")) as (engine_url, sidecar_url):
         model = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
         client = httpx.Client(base_url=sidecar_url, timeout=120)
         big = (

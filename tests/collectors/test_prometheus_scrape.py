@@ -20,7 +20,7 @@ from core.alerts import AlertSettings
 from db import make_engine
 from db.models import Sample, Series, Target
 from tests.collectors.promtools import prometheus_server
-from tests.support import PYTHON, free_port, running
+from tests.support import PYTHON, running, simulator_and_sidecar
 
 WINDOW_S = 20
 TOKEN = "operator-token-for-tests"
@@ -40,50 +40,31 @@ def _one(prom_url: str, promql: str, at: float) -> float:
     return float(result[0]["value"][1])
 
 
-def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
-    engine_port, sidecar_port = free_port(), free_port()
-    engine_url, sidecar_url = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
-    rules = prom_export.to_yaml(rule_groups(ExportContext(AlertSettings())))
-    config = json.dumps(
+def _prometheus_config(engine_url: str, sidecar_url: str) -> str:
+    def job(name: str, url: str) -> dict:
+        return {"job_name": name, "static_configs": [{"targets": [url.removeprefix("http://")]}]}
+
+    return json.dumps(
         {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": ["rules.yml"],
-            "scrape_configs": [
-                {"job_name": "vllm", "static_configs": [{"targets": [f"127.0.0.1:{engine_port}"]}]},
-                {
-                    "job_name": "prefixops-sidecar",
-                    "static_configs": [{"targets": [f"127.0.0.1:{sidecar_port}"]}],
-                },
-            ],
+            "scrape_configs": [job("vllm", engine_url), job("prefixops-sidecar", sidecar_url)],
         }
     )
+
+
+def test_promql_over_the_sidecar_matches_what_the_collectors_stored(tmp_path):
+    rules = prom_export.to_yaml(rule_groups(ExportContext(AlertSettings())))
     db_url = f"sqlite:///{tmp_path / 'prefixops.db'}"
     stop = threading.Event()
     with (
-        running(
-            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "40000"],
-            name="simulator",
-            ready_url=f"{engine_url}/metrics",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine_url,
-                "--port",
-                str(sidecar_port),
-                "--window-s",
-                str(WINDOW_S),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar_url}/healthz",
-            env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN},
-        ),
-        prometheus_server(config, {"rules.yml": rules}) as prom_url,
+        simulator_and_sidecar(
+            tmp_path,
+            engine_args=("--pool-tokens", "40000"),
+            sidecar_args=("--window-s", str(WINDOW_S)),
+            sidecar_env={"PREFIXOPS_OPERATOR_TOKEN": TOKEN},
+        ) as (engine_url, sidecar_url),
+        prometheus_server(_prometheus_config(engine_url, sidecar_url), {"rules.yml": rules}) as prom_url,
         running(
             [
                 PYTHON,

@@ -11,34 +11,13 @@ from sqlalchemy import select
 from core import signals as sig
 from db import make_engine, queries
 from db.models import Series, Target
-from tests.support import PYTHON, REPO, free_port, running
+from tests.support import PYTHON, REPO, simulator_and_sidecar
 
 
 def test_collectors_read_the_simulator_and_the_sidecar(tmp_path):
-    engine_port, sidecar_port = free_port(), free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    sidecar_url = f"http://127.0.0.1:{sidecar_port}"
-    with (
-        running(
-            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
-            name="simulator",
-            ready_url=f"{engine_url}/metrics",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine_url,
-                "--port",
-                str(sidecar_port),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar_url}/healthz",
-        ),
+    with simulator_and_sidecar(tmp_path, engine_args=("--pool-tokens", "400000")) as (
+        engine_url,
+        sidecar_url,
     ):
         model = httpx.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]
         prompt = "You are a careful assistant. " * 40
@@ -107,34 +86,12 @@ def test_incremental_sessions_against_the_real_sidecar(tmp_path, caplog, monkeyp
     import logging
 
     from collectors.config import SidecarTarget
-    from collectors.scrape import SidecarScraper
+    from collectors.scrape_sidecar import SidecarScraper
 
     caplog.set_level(logging.WARNING)
     monkeypatch.setattr(SidecarScraper, "PAGE", 2)
-    engine_port, sidecar_port = free_port(), free_port()
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    sidecar_url = f"http://127.0.0.1:{sidecar_port}"
     with (
-        running(
-            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--pool-tokens", "400000"],
-            name="simulator",
-            ready_url=f"{engine_url}/metrics",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine_url,
-                "--port",
-                str(sidecar_port),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar_url}/healthz",
-        ),
+        simulator_and_sidecar(tmp_path, engine_args=("--pool-tokens", "400000")) as (engine_url, sidecar_url),
         httpx.Client() as client,
     ):
         model = client.get(f"{engine_url}/v1/models", timeout=10).json()["data"][0]["id"]

@@ -9,7 +9,8 @@ import pytest
 
 from collectors import sidecar_docs as docs
 from collectors.config import EngineTarget, SidecarTarget
-from collectors.scrape import EngineScraper, SidecarScraper
+from collectors.scrape import EngineScraper
+from collectors.scrape_sidecar import SidecarScraper
 from core import signals as sig
 from tests.support import ENGINE_METRICS, FakeClock
 

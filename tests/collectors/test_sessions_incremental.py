@@ -13,7 +13,7 @@ import time
 
 from sqlalchemy import func, select
 
-from collectors.scrape import SidecarScraper
+from collectors.scrape_sidecar import SidecarScraper
 from core import signals as sig
 from db.models import Sample, Series, Session
 from tests.collectors.fake_targets import FakeEngine, FakeSidecar

@@ -42,13 +42,13 @@ def test_unknown_cached_count_is_never_a_miss() -> None:
 
 
 def test_healthy_turn_is_new_tokens_and_the_partial_block_tail() -> None:
-    prev = turn(0, 5000, 4992, completion=150)  # context 5150 -> 321 full blocks = 5136
+    prev = turn(0, 5000, 4992, completion=151)  # context 5150 -> 321 full blocks = 5136
     now = turn(10, 6150, 5136)
     assert attribute(now, prev, NO_EVENTS) == {"new": 1000, "partial-block": 14}
 
 
 def test_missing_reusable_tokens_go_to_the_first_cause_that_applies() -> None:
-    prev = turn(0, 5000, 4992, completion=152)  # context 5152 = 322 blocks exactly
+    prev = turn(0, 5000, 4992, completion=153)  # context 5000 + 153 - 1 = 5152 = 322 blocks exactly
     now = turn(10, 6152, 0)
     base = {"new": 1000}
     assert attribute(now, prev, NO_EVENTS) == {**base, "unattributed": 5152}
@@ -60,14 +60,14 @@ def test_missing_reusable_tokens_go_to_the_first_cause_that_applies() -> None:
     assert attribute(moved, prev, pressure) == {**base, "routed-away": 5152}
     rewritten = Events(prefix_changes={"doc": [5.0]}, pressure=[(4.0, 6.0)])
     compacted = turn(10, 6152, 0, parked_s=30.0, sidecar="b", subtree="doc")
-    assert attribute(compacted, turn(0, 5000, 4992, completion=152, subtree="doc"), rewritten) == {
+    assert attribute(compacted, turn(0, 5000, 4992, completion=153, subtree="doc"), rewritten) == {
         **base,
         "prefix-changed": 5152,
     }
 
 
 def test_events_outside_the_gap_between_turns_do_not_count() -> None:
-    prev, now = turn(10, 5000, 4992, completion=152), turn(20, 6152, 2000)
+    prev, now = turn(10, 5000, 4992, completion=153), turn(20, 6152, 2000)
     before = Events(prefix_changes={"doc": [9.0]}, pressure=[(2.0, 9.5)])
     after = Events(prefix_changes={"doc": [21.0]}, pressure=[(20.5, 30.0)])
     for events in (before, after):
@@ -90,7 +90,7 @@ def test_a_session_without_a_subtree_or_history_and_no_session_is_cold() -> None
 
 
 def test_attribute_all_sorts_by_time_and_tracks_sessions_across_sidecars() -> None:
-    turns = [turn(10, 6152, 0, sidecar="b"), turn(0, 5000, 4992, completion=152, sidecar="a")]
+    turns = [turn(10, 6152, 0, sidecar="b"), turn(0, 5000, 4992, completion=153, sidecar="a")]
     assert attribute_all(turns) == [{"cold": 8}, {"new": 1000, "routed-away": 5152}]
 
 
@@ -123,3 +123,52 @@ def test_parts_always_add_up_to_the_uncached_count(
     parts = split_uncached(prompt, cached, reusable, block, cause)
     assert sum(parts.values()) == prompt - cached
     assert all(v > 0 for v in parts.values())
+
+
+def test_the_last_generated_token_has_no_kv() -> None:
+    """The engine holds KV for prompt + completion - 1 tokens: the last sampled token is never computed."""
+    assert turn(0, 5000, 0, completion=153).context == 5152
+    assert turn(0, 5000, 0, completion=0).context == 5000
+    # 5000 + 152 - 1 = 5151: 321 full blocks (5136) and a 15-token partial block, not 5152 = 322 blocks
+    prev = turn(0, 5000, 4992, completion=152)
+    assert attribute(turn(10, 6152, 5136), prev, NO_EVENTS) == {"new": 1001, "partial-block": 15}
+
+
+def test_a_rewrite_after_the_turn_started_does_not_change_its_prefix() -> None:
+    prev = turn(0, 5000, 4992, completion=153, subtree="doc")
+    now = turn(20, 6152, 2000, subtree="doc", latency_s=5.0)  # forwarded at 15
+    assert attribute(now, prev, Events(prefix_changes={"doc": [16.0]})) == {"new": 1000, "unattributed": 3152}
+    assert attribute(now, prev, Events(prefix_changes={"doc": [14.0]})) == {
+        "new": 1000,
+        "prefix-changed": 3152,
+    }
+
+
+def test_sessionless_turns_started_before_the_new_version_was_computed_are_prefix_changed() -> None:
+    """Rewritten at 25: turns forwarded before the first turn of the new version finished (31) could not
+    reuse it; their missing prefix is the rewrite's, not their own new tokens."""
+    a = Attributor(Events(prefix_changes={"kb": [25.0]}), block_size=16)
+    rag = dict(session=None, subtree="kb", completion=50)
+    assert a.add(turn(1, 7000, 0, **rag)) == {"cold": 7000}
+    assert a.add(turn(3, 7000, 6000, latency_s=1.0, **rag)) == {"new": 1000}  # learnt 6000
+    assert a.add(turn(31, 7000, 1024, latency_s=5.0, **rag)) == {"new": 1000, "prefix-changed": 4976}
+    # forwarded at 27, before the version's first turn finished at 31: still the rewrite
+    assert a.add(turn(32, 7000, 1024, latency_s=5.0, **rag)) == {"new": 1000, "prefix-changed": 4976}
+    # forwarded at 33, after it: the new version could be reused (its prefix length is not learnt from
+    # the two turns above, which found only the 1024-token preamble)
+    assert a.add(turn(34, 7000, 1024, latency_s=1.0, **rag)) == {"new": 1000, "unattributed": 4976}
+
+
+def test_old_version_turns_finishing_after_a_rewrite_do_not_stand_for_the_new_version() -> None:
+    a = Attributor(Events(prefix_changes={"kb": [25.0]}), block_size=16)
+    rag = dict(session=None, subtree="kb", completion=50)
+    a.add(turn(1, 7000, 0, **rag))
+    a.add(turn(3, 7000, 6000, latency_s=1.0, **rag))
+    assert a.add(turn(26, 7000, 6000, latency_s=2.0, **rag)) == {"new": 1000}  # forwarded at 24: old version
+    assert a.add(turn(30, 7000, 1024, latency_s=2.0, **rag)) == {"new": 1000, "prefix-changed": 4976}
+
+
+def test_a_turn_forwarded_at_the_instant_of_a_rewrite_was_built_before_it() -> None:
+    events = Events(prefix_changes={"kb": [10.0]})
+    assert not events.changed("kb", 5.0, 10.0) and events.changed("kb", 5.0, 10.5)
+    assert events.last_change("kb", 10.0) is None and events.last_change("kb", 10.5) == 10.0

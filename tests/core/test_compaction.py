@@ -82,9 +82,9 @@ def test_unknown_urgency_is_rejected() -> None:
 
 stats_strategy = st.dictionaries(
     st.sampled_from(["a", "b", "c", "d", "e"]),
-    st.tuples(st.integers(0, 10), st.integers(0, 100_000), st.integers(1, 10_000)),
+    st.tuples(st.integers(0, 10), st.integers(0, 100_000), st.integers(1, 10_000), st.integers(0, 2)),
     max_size=5,
-).map(lambda d: {k: sub(k, h, c, t) for k, (h, c, t) in d.items()})
+).map(lambda d: {k: dataclasses.replace(sub(k, h, c, t), in_flight=f) for k, (h, c, t, f) in d.items()})
 
 
 @settings(max_examples=300, deadline=None)
@@ -119,6 +119,8 @@ def test_invariants(stats: dict[str, SubtreeStats], targets: list[str], regime: 
     for d in normal:
         if d.decision == "granted":
             assert not d.warm  # a warm subtree is never granted under normal urgency
+            s = stats.get(d.subtree_id)
+            assert s is None or s.in_flight == 0  # nor one with a turn in flight
     if regime == "thin-reuse" and any(d.warm for d in normal):
         assert all(d.decision == "deferred" for d in normal)
     pressure = decide_compaction(
@@ -147,6 +149,52 @@ def test_tracker_warmth_follows_recent_hits() -> None:
     later = tracker.get("rag", 63.0)
     assert later is not None and not later.warm and later.recent_hits == 0
     assert later.turns == 4  # lifetime totals stay
+
+
+def test_a_cold_subtree_with_a_turn_in_flight_is_deferred_in_either_regime() -> None:
+    """The turn in flight is loading the subtree's blocks: a rewrite would waste that prefill."""
+    stats = {**STATS, "loading": dataclasses.replace(STATS["cold"], subtree_id="loading", in_flight=1)}
+    for regime in ("normal", "thin-reuse"):
+        got = decide_compaction(
+            ["loading", "idle"], stats, regime=regime, urgency="normal", now=0.0, deferred_until=None
+        )
+        assert [(d.subtree_id, d.decision, d.reason) for d in got] == [
+            ("loading", "deferred", "cold (1 recent cache hits) but 1 turn(s) in flight loading its blocks"),
+            ("idle", "granted", "cold: 0 recent cache hits"),
+        ]
+    # storage pressure does not wait for it
+    pressure = decide_compaction(
+        ["loading"],
+        stats,
+        regime="normal",
+        urgency="storage-pressure",
+        now=0.0,
+        deferred_until=None,
+        policy=CompactionPolicy(top_k_pinned=0),
+    )
+    assert pressure[0].decision == "granted"
+
+
+def test_tracker_counts_turns_in_flight_until_they_end_or_one_window_passes() -> None:
+    tracker = SubtreeTracker(WarmthConfig(window_s=60, floor=3))
+    tracker.begin("rag", 10.0)
+    tracker.begin("rag", 20.0)
+    s = tracker.get("rag", 21.0)
+    assert s is not None and (s.in_flight, s.turns, s.warm) == (2, 0, False)
+    assert s.as_dict()["in_flight"] == 2
+    tracker.end("rag")
+    tracker.record("rag", 22.0, 6000, 5000)
+    s = tracker.get("rag", 22.0)
+    assert s is not None and (s.in_flight, s.turns, s.recent_hits) == (1, 1, 1)
+    # the other one never ends: it stops counting one warmth window after it began
+    s = tracker.get("rag", 79.9)
+    assert s is not None and s.in_flight == 1
+    s = tracker.get("rag", 80.0)
+    assert s is not None and s.in_flight == 0
+    tracker.end("rag")  # a late end changes nothing
+    tracker.end("never-begun")
+    s = tracker.get("rag", 80.0)
+    assert s is not None and s.in_flight == 0 and tracker.get("never-begun", 80.0) is None
 
 
 def test_tracker_misses_do_not_warm() -> None:

@@ -37,7 +37,10 @@ def test_bucket_delta_and_merge() -> None:
 @pytest.mark.parametrize(
     ("capture", "families"),
     [
-        ("vllm-0.33.0-statlogger.prom", ["e2e", "itl", "queue_time", "prompt_len", "output_len"]),
+        (
+            "vllm-0.33.0-statlogger.prom",
+            ["e2e", "itl", "queue_time", "prompt_len", "output_len", "decode_time"],
+        ),
         ("sglang-0.5.23-collectors.prom", ["e2e", "itl", "queue_time", "prompt_len", "output_len"]),
     ],
 )

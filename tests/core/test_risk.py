@@ -14,6 +14,9 @@ S = RiskSettings(
     trend_s=60,
     reference_s=300,
     prefill_capacity_tokens_per_s=10_000,
+    projection_horizon_s=60,
+    projection_lo=1.0,
+    projection_hi=1.5,
     demand_lo=1.0,
     demand_hi=1.25,
     demand_trend_floor=0.9,
@@ -33,6 +36,7 @@ S = RiskSettings(
     queue_growth_hi=10.0,
     preempt_lo=0.0,
     preempt_hi=1.0,
+    w_demand_projection=0.5,
     w_kv_demand=0.5,
     w_demand_trend=0.25,
     w_session_flow=0.25,
@@ -117,14 +121,39 @@ def test_sidecar_inputs_exact():
     assert x["missed_prefill"].value == pytest.approx(0.3)
     assert x["missed_prefill"].pressure == pytest.approx(0.25)
     assert x["rt_trend"].value == 0.0 and x["rt_trend"].contribution == 0.0
-    expected = round(x["kv_demand"].contribution + 0.125 + 0.125 + 0.125, 4)
-    assert a.score == pytest.approx(expected)
+    # no projected_demand_fraction signal: demand extrapolated over the 60-s horizon, 1.0758 + 0.1
+    assert x["demand_projection"].value == pytest.approx(round(0.9 + 105.5 / 600 + 0.1, 4))
+    assert x["demand_projection"].contribution == pytest.approx(0.1758)
+    expected = round(0.1758 + x["kv_demand"].contribution + 0.125 + 0.125 + 0.125, 4)
+    assert a.score == pytest.approx(expected) == pytest.approx(0.7025)
     assert x["kv_demand"].contribution == pytest.approx(0.1517)
     # largest first, ties by name
-    assert [i.name for i in a.leading()] == ["kv_demand", "demand_trend", "missed_prefill", "session_flow"]
+    assert [i.name for i in a.leading()] == [
+        "demand_projection",
+        "kv_demand",
+        "demand_trend",
+        "missed_prefill",
+        "session_flow",
+    ]
     sigs = a.signals()
     assert sigs[sig.COLLAPSE_RISK] == a.score and sigs["risk_kv_demand"] == x["kv_demand"].contribution
     assert "risk_kv_usage" not in sigs  # engine inputs are not judged in sidecar mode
+
+
+def test_demand_projection_reads_the_sidecars_projection_when_reported():
+    # the sidecar projects 1.2 of the pool for the last 30 s (1.0 before): mean over (90, 120] = 1.2
+    pts = points(
+        120,
+        **{
+            sig.DEMAND_FRACTION: 0.8,
+            sig.PROJECTED_DEMAND_FRACTION: lambda t: 1.2 if t > 90 else 1.0,
+        },
+    )
+    x = by_name(assess(pts, 120.0, "sidecar", S))
+    assert x["demand_projection"].value == pytest.approx(1.2)
+    assert x["demand_projection"].pressure == pytest.approx(0.4)
+    assert x["demand_projection"].contribution == pytest.approx(0.2)
+    assert x["kv_demand"].contribution == 0.0
 
 
 def test_demand_trend_and_flow_only_count_near_the_pool():
@@ -241,6 +270,7 @@ def test_the_docs_tables_match_the_defaults():
     text = (Path(__file__).resolve().parents[2] / "docs" / "collapse-risk.md").read_text()
     d = RiskSettings()
     ramps = {
+        "demand_projection": (d.projection_lo, d.projection_hi),
         "kv_demand": (d.demand_lo, d.demand_hi),
         "demand_trend": (d.demand_growth_lo, d.demand_growth_hi),
         "session_flow": (d.flow_lo, d.flow_hi),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pandas as pd
 import pytest
 from sqlalchemy import insert, update
 
+from dashboard import fleet, risk
 from db import make_engine
 from db.models import Alert, CollectorHeartbeat, SidecarState, Target
 from tests.dashboard.apptest import app, figures, texts, traces
@@ -17,6 +19,11 @@ def table_of(at) -> pd.DataFrame:
     return at.dataframe[0].value.set_index("engine")
 
 
+def number(cell: str) -> float | None:
+    """A number column's cell (text, so that an unknown value is a blank, not "None")."""
+    return float(cell.rstrip("%")) if cell.strip() else None
+
+
 def test_fleet_table_worst_first_with_cause_next_step_and_counts(db_url: str) -> None:
     at = app()
     table = table_of(at)
@@ -24,11 +31,11 @@ def test_fleet_table_worst_first_with_cause_next_step_and_counts(db_url: str) ->
     assert list(table["state"]) == ["DOWN", "COLLAPSED", "healthy"]
     assert "ConnectError" in table.loc["c", "why"] and "Next: check the process" in table.loc["c", "why"]
     assert "collapse" in table.loc["a", "why"] and "Next: park sessions" in table.loc["a", "why"]
-    assert table.loc["a", "R_t"] == pytest.approx(0.1, abs=0.05)
-    assert table.loc["a", "R_r"] == pytest.approx(0.9, abs=0.05)
-    assert table.loc["a", "open alerts"] == 2
-    assert table.loc["a", "parked"] == 12
-    assert table.loc["b", "engine running"] == 16  # two data-parallel ranks summed
+    assert number(table.loc["a", "R_t"]) == pytest.approx(0.1, abs=0.05)
+    assert number(table.loc["a", "R_r"]) == pytest.approx(0.9, abs=0.05)
+    assert number(table.loc["a", "open alerts"]) == 2
+    assert number(table.loc["a", "parked"]) == 12
+    assert number(table.loc["b", "engine running"]) == 16  # two data-parallel ranks summed
     assert table.loc["a", "open"] == "engine?engine=a"
     counts = {m.label: m.value for m in at.metric}
     assert (counts["DOWN"], counts["COLLAPSED"], counts["healthy"], counts["QUEUEING"]) == (
@@ -38,6 +45,30 @@ def test_fleet_table_worst_first_with_cause_next_step_and_counts(db_url: str) ->
         "0",
     )
     assert "Needs attention (2)" in texts(at)
+
+
+def test_an_unknown_value_is_a_blank_with_its_reason_in_the_help(db_url: str) -> None:
+    """The fill stores no collapse-risk samples: the risk is blank, "not computed", never "None"."""
+    at = app()
+    table = table_of(at)
+    assert list(table["risk"]) == ["", "", ""]
+    assert list(table["risk: leading inputs"]) == ["not computed"] * 3
+    assert "None" not in table.drop(columns=["why"]).to_string()
+    assert "Blank: not computed" in risk.RISK_HELP and "not computed: no risk score yet" in risk.LEADING_HELP
+    columns = json.loads(at.dataframe[0].proto.columns)
+    assert columns["risk"]["help"] == risk.RISK_HELP
+    assert columns["risk: leading inputs"]["help"] == risk.LEADING_HELP
+    assert all("Blank:" in columns[name]["help"] for name in ("R_t", "demand / pool", "KV usage", "parked"))
+
+
+def test_number_columns_are_text_that_sorts_like_the_numbers() -> None:
+    frame = pd.DataFrame(
+        {"n": [9, None, 12, float("nan")], "p": [0.95, 1.0, None, 0.5], "x": ["a", "b", "c", "d"]}
+    )
+    out = fleet.table_text(frame, {"n": "%d", "p": "percent", "missing": "%d"})
+    assert list(out["n"]) == [" 9", "  ", "12", "  "] and sorted(out["n"])[-2:] == [" 9", "12"]
+    assert list(out["p"]) == [" 95%", "100%", "    ", " 50%"] and list(out["x"]) == ["a", "b", "c", "d"]
+    assert fleet.number_text(0.123, "%.2f") == "0.12" and fleet.number_text(None, "%.2f") == ""
 
 
 def test_each_target_has_its_own_last_good_scrape(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,7 +120,7 @@ def test_sessions_waiting_at_the_sidecar_make_the_engine_queueing(db_url: str) -
     at = app()
     table = table_of(at)
     assert table.loc["b", "state"] == "QUEUEING"
-    assert table.loc["b", "waiting at sidecar"] == 12 and table.loc["b", "oldest wait"] == "80 s"
+    assert number(table.loc["b", "waiting at sidecar"]) == 12 and table.loc["b", "oldest wait"] == "80 s"
     assert "12 sessions waiting at the sidecar, the oldest for 80 s" in table.loc["b", "why"]
     assert "Budgeter page" in table.loc["b", "why"]
     assert list(table.index) == ["c", "a", "b"]
@@ -122,7 +153,7 @@ def test_badge_agrees_with_the_numbers_on_its_row(db_url: str) -> None:
             )
         )
     table = table_of(app())
-    assert table.loc["b", "D"] == pytest.approx(0.15)
+    assert number(table.loc["b", "D"]) == pytest.approx(0.15)
     assert table.loc["b", "state"] == "healthy"
     assert (
         "alert thin-reuse still firing until D = 0.15 stays below its exit threshold" in table.loc["b", "why"]

@@ -123,9 +123,23 @@ def test_compaction_page_shows_regime_subtrees_and_decisions(db_url: str) -> Non
     assert "Deferred by an operator" in texts(at)
     subtrees = at.dataframe[0].value
     assert list(subtrees["subtree"])[0] == "system-prompt-0"  # hottest first
+    assert list(subtrees["tokens"])[0] == "6,000"
     decisions = at.dataframe[1].value
     assert set(decisions["decision"]) == {"granted", "deferred"}
     assert "thin-reuse regime" in " ".join(decisions["reason"])
+
+
+def test_compaction_page_says_a_subtree_length_is_not_reported(db_url: str) -> None:
+    """The sidecar's GET /subtrees carries no length (the real-engine demo showed "None" in the column)."""
+    from sqlalchemy import update
+
+    from db import make_engine
+    from db.models import Subtree
+
+    with make_engine(db_url).begin() as conn:
+        conn.execute(update(Subtree).values(tokens=None))
+    subtrees = app("compaction", engine="a").dataframe[0].value
+    assert set(subtrees["tokens"]) == {"not reported"}
 
 
 def test_alerts_page_lists_firing_alerts_with_links(db_url: str) -> None:
@@ -161,10 +175,33 @@ def test_engine_page_shows_missed_tokens_by_cause_and_sessions_page_the_worst_se
     misses = traces(figures(at)["engine_misses"])
     assert {"cold", "evicted-parked", "prefix-changed", "unattributed"} <= set(misses)
     assert sum(misses["evicted-parked"]["y"]) > 0 and "new" not in misses
-    assert "hits counted for recomputation" in misses
+    assert "hits counted for recomputation" in misses  # engine a preempts
     assert "missed prompt tokens in this window" in texts(at)
     at = app("sessions", engine="a")
     assert not at.exception
     table = next(d.value for d in at.dataframe if "missed tokens" in d.value.columns)
     assert table["missed tokens"].is_monotonic_decreasing and len(table) == 12
     assert table.iloc[0]["session"].startswith("agent-")
+
+
+def test_no_recomputation_line_where_the_engine_never_preempted(db_url: str) -> None:
+    """Without preemption the engine's hits differ from the sidecar's cached tokens by timing alone (the
+    engine counts at scheduling, the sidecar at completion), which is not recomputation (the real vLLM
+    demo drew thousands of such tokens a bucket)."""
+    from sqlalchemy import select, update
+
+    from dashboard.misses import recomputation_buckets
+    from db import make_engine
+    from db.models import Sample, Series, Target
+
+    assert recomputation_buckets({0.0: 5000.0, 30.0: 7000.0, 60.0: 90.0}, {30.0: 0.5, 60.0: 0.0}) == {
+        30.0: 7000.0
+    }
+    with make_engine(db_url).begin() as conn:
+        engine_a = select(Target.id).where(Target.name == "a", Target.role == "engine").scalar_subquery()
+        series = select(Series.id).where(Series.target_id == engine_a, Series.signal == "preemptions_per_s")
+        assert conn.execute(update(Sample).where(Sample.series_id.in_(series)).values(value=0.0)).rowcount > 0
+    at = app("engine", engine="a")
+    assert not at.exception
+    misses = traces(figures(at)["engine_misses"])
+    assert sum(misses["evicted-parked"]["y"]) > 0 and "hits counted for recomputation" not in misses

@@ -37,7 +37,7 @@ def test_overview_column_reads_the_sidecar_key_or_the_worst_label_of_a_bare_engi
     assert list(rows[0])[:6] == ["ref", "engine", "state", "why", "risk", "risk: leading inputs"]
     assert rows[0]["risk"] == 0.72 and rows[0]["risk: leading inputs"] == "kv_demand, demand_trend"
     assert rows[1]["risk"] == 0.65 and rows[1]["risk: leading inputs"] == "kv_usage, preemptions"
-    assert rows[2]["risk"] is None and rows[2]["risk: leading inputs"] == "-"
+    assert rows[2]["risk"] is None and rows[2]["risk: leading inputs"] == "not computed"
 
 
 def frame(rows: list[tuple[float, str, float]]) -> pd.DataFrame:

@@ -56,7 +56,7 @@ def test_missed_tokens_by_cause_per_bucket_and_per_session(db_url):
             insert(Turn),
             [
                 turn(a, 0, "s1", 1000, 0),  # cold 1000 (before the window: not counted)
-                turn(a, 70, "s1", 2000, 1152),  # context 1160 -> 72 blocks = 1152: new 840, tail 8
+                turn(a, 70, "s1", 2000, 1152),  # context 1000+160-1 = 1159: 72 blocks (1152), new 841, tail 7
                 turn(b, 80, "s1", 3000, 0),  # previous turn on sidecar a: routed-away
                 turn(a, 90, "s2", 500, 0),  # cold
                 turn(a, 95, "s2", 1000, 0, parked=30.0),  # parked between turns
@@ -100,12 +100,18 @@ def test_missed_tokens_by_cause_per_bucket_and_per_session(db_url):
         b1["routed-away"],
         b1["cold"],
         b1["evicted-parked"],
-    ) == (T0 + 60, 1152, 840 + 840 + 340, 8 + 4, 2160, 500, 656)
+    ) == (T0 + 60, 1152, 841 + 841 + 341, 7 + 15 + 3, 2144, 500, 656)
     assert b1["recomputed"] == 2000 - 1152
-    assert (b2["cold"], b2["new"], b2["prefix-changed"], b2["recomputed"]) == (800, 1800 - 960, 960, 0.0)
-    # s1 context before its routed turn: 2000 + 160 = 2160 = 135 blocks, all reusable
+    assert (b2["cold"], b2["new"], b2["partial-block"], b2["prefix-changed"], b2["recomputed"]) == (
+        800,
+        1800 - 959,
+        15,
+        944,
+        0.0,
+    )
+    # s1 context before its routed turn: 2000 + 160 - 1 = 2159 = 134 full blocks (2144) and 15 tokens
     assert out["totals"]["unattributed"] == 0 and out["totals"]["evicted-pressure"] == 0
     assert [s["session"] for s in out["sessions"]] == ["s1", "s3", "s2"]
-    assert [s["missed"] for s in out["sessions"]] == [2160, 800 + 960, 500 + 656]
+    assert [s["missed"] for s in out["sessions"]] == [2144, 800 + 944, 500 + 656]
     assert only_a["totals"]["routed-away"] == 0 and only_a["buckets"][0]["recomputed"] is None
     engine.dispose()

@@ -2,7 +2,12 @@
 and no agent sessions; the scenario keeps its own data directory. (The preset through a real sidecar is
 tests/simulator/test_rag_traffic.py.)"""
 
-from demo.__main__ import REPO, loadgen_args, parse_args, scenario_note
+from pathlib import Path
+
+from demo.__main__ import parse_args
+from demo.scenarios import loadgen_args, scenario_note
+from demo.services import REPO
+from demo.stack import build_services
 from simulator.offline import scenario_config
 
 
@@ -24,3 +29,16 @@ def test_rag_scenario_defaults() -> None:
     note = " ".join(scenario_note(args).split())
     assert "starts in about 150 s and lasts 150 s" in note and "every 450 s" in note
     assert parse_args(["--scenario", "steady"]).data_dir == (REPO / "data").resolve()
+
+
+def test_rag_scenario_sidecar_judges_the_presets_windows_in_engine_time(tmp_path: Path) -> None:
+    """The offline run judges the regime over reuse_window_s and warmth over warmth_window_s of engine time;
+    at x4 the demo's sidecar gets a quarter of each in wall seconds (the steady scenario keeps its defaults)."""
+    r = scenario_config("rag-storm").rag
+    args = parse_args(["--scenario", "rag", "--data-dir", str(tmp_path)])
+    sidecar = next(s for s in build_services(args, "token") if s.name == "sidecar").cmd
+    assert float(sidecar[sidecar.index("--window-s") + 1]) == r.reuse_window_s / 4
+    assert float(sidecar[sidecar.index("--warmth-window") + 1]) == r.warmth_window_s / 4
+    steady = parse_args(["--scenario", "steady", "--data-dir", str(tmp_path)])
+    steady_sidecar = next(s for s in build_services(steady, "token") if s.name == "sidecar").cmd
+    assert "--window-s" not in steady_sidecar and "--warmth-window" not in steady_sidecar

@@ -12,7 +12,7 @@ from core.runs import judge_run
 from simulator.agent import SERIES_FIELDS
 from simulator.live_run import arrival_times
 from simulator.offline import run_scenario, scenario_config
-from tests.support import PYTHON, REPO, free_port, running
+from tests.support import PYTHON, REPO, simulator_and_sidecar
 
 
 @pytest.mark.parametrize("scenario,seed", [("agent-steady", 0), ("agent-burst", 3), ("agent-burst", 7)])
@@ -25,43 +25,12 @@ def test_arrivals_are_the_offline_runs_arrivals(scenario, seed):
 
 
 def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
-    engine_port, sidecar_port = free_port(), free_port()
-    engine, sidecar = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{sidecar_port}"
     token = "live-run-test-token"
-    with (
-        running(
-            [
-                PYTHON,
-                "-m",
-                "simulator",
-                "serve",
-                "--port",
-                str(engine_port),
-                "--pool-tokens",
-                "20480",
-                "--block-size",
-                "128",
-            ],
-            name="simulator",
-            ready_url=f"{engine}/health",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine,
-                "--port",
-                str(sidecar_port),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar}/healthz",
-            env={"PREFIXOPS_OPERATOR_TOKEN": token},
-        ),
-    ):
+    with simulator_and_sidecar(
+        tmp_path,
+        engine_args=("--pool-tokens", "20480", "--block-size", "128"),
+        sidecar_env={"PREFIXOPS_OPERATOR_TOKEN": token},
+    ) as (engine, sidecar):
         done = subprocess.run(
             [
                 PYTHON,

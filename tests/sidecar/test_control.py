@@ -9,11 +9,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 import sidecar.auth as sidecar_auth
 
-from .conftest import OP_HEADERS, OPERATOR, VIEWER, sidecar
+from .conftest import OP_HEADERS, OPERATOR, VIEWER, settle, sidecar
 
 pytestmark = pytest.mark.anyio
 
@@ -309,6 +310,27 @@ async def test_compaction_requests_follow_warmth_and_regime_and_are_recorded(tmp
         assert bad.status_code == 422
         bad = await h.client.post("/compaction/requests", json={"subtrees": ["a"], "urgency": "panic"})
         assert bad.status_code == 422 and bad.json()["error"]["param"] == "urgency"
+
+
+async def test_a_cold_subtree_is_deferred_while_a_turn_under_it_is_in_flight(tmp_path: Path) -> None:
+    """Its blocks are being loaded: the sidecar tells the gate when a turn starts, not only when it ends."""
+    async with sidecar(tmp_path) as h:
+        body = {"subtrees": ["docs"], "reason": "nightly", "urgency": "normal"}
+        async with anyio.create_task_group() as tg:
+
+            async def slow_turn() -> None:
+                await h.chat("s1", headers={"X-Prefix-Id": "docs", "x-stub-wait-for": "docs turn"})
+
+            tg.start_soon(slow_turn)
+            await settle(lambda: h.cp.in_flight == 1, "the docs turn in flight")
+            assert [s["in_flight"] for s in (await h.client.get("/subtrees")).json()] == [1]
+            decided = (await h.client.post("/compaction/requests", json=body)).json()
+            assert decided["deferred"] == ["docs"]
+            assert "1 turn(s) in flight" in decided["decisions"][0]["reason"]
+            h.engine.gate("docs turn").set()
+        assert [s["in_flight"] for s in (await h.client.get("/subtrees")).json()] == [0]
+        decided = (await h.client.post("/compaction/requests", json=body)).json()
+        assert decided["granted"] == ["docs"]  # cold (one hit at most) and nothing in flight
 
 
 async def test_openapi_schema_is_served(tmp_path: Path) -> None:

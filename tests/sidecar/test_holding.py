@@ -57,11 +57,13 @@ async def test_new_session_waits_above_the_low_band_and_is_admitted_when_demand_
 
 
 async def test_parked_at_the_next_turn_boundary_never_mid_turn(tmp_path: Path) -> None:
-    async with sidecar(tmp_path, pool_tokens=1000) as h:
+    # a request wrongly held mid-turn gets its 503 after 30 s, not after the default 600
+    async with sidecar(tmp_path, pool_tokens=1000, max_hold_s=30.0) as h:
         await h.chat("s1", max_tokens=100)
         results = Results()
         async with anyio.create_task_group() as tg:
-            results.spawn(tg, h, "s1", max_tokens=100, headers={"x-stub-delay-ms": "1500"})
+            # the engine holds this answer until the test lets it go: s1 stays mid-turn however slow the machine
+            results.spawn(tg, h, "s1", max_tokens=100, headers={"x-stub-wait-for": "s1 turn"})
             await settle(lambda: h.cp.in_flight == 1, "s1 in flight")
             # the operator lowers the bands: s1 is far above the high band now
             r = await h.client.put("/control/budgeter", headers=OP_HEADERS, json={"low": 0.01, "high": 0.02})
@@ -70,6 +72,8 @@ async def test_parked_at_the_next_turn_boundary_never_mid_turn(tmp_path: Path) -
             # a request of the same session while one is in flight belongs to the turn: forwarded
             second = await h.chat("s1", max_tokens=100)
             assert second.status_code == 200
+            assert h.cp.in_flight == 1 and results.done == []  # the first request was still in flight
+            h.engine.gate("s1 turn").set()
         assert results.done == [("s1", 200)]
         async with anyio.create_task_group() as tg:
             results.spawn(tg, h, "s1", max_tokens=100)  # the next turn boundary: parked

@@ -105,6 +105,37 @@ def test_usage_gauge_counts_only_blocks_of_running_requests(mode: str) -> None:
     assert samples["sim:cached_free_blocks"] == 20
 
 
+def test_latency_histograms_are_exported_in_wall_seconds_at_the_servers_speed() -> None:
+    """The collectors record wall-clock time: at speed x10 a 2.5 simulated-second bucket is 0.25 s."""
+    engine = Engine(EngineConfig(pool_tokens=16 * 100))
+    engine.add_request(request("a", 320, 20))
+    drain(engine)
+
+    def samples(scale: float) -> dict[tuple[str, str], float]:
+        text = generate_latest(engine_registry(engine, 0.0, time_scale=scale)).decode()
+        return {
+            (s.name, s.labels.get("le", "")): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+        }
+
+    sim, wall = samples(1.0), samples(10.0)
+    e2e = engine.stats.e2e.total
+    assert sim[("vllm:e2e_request_latency_seconds_sum", "")] == pytest.approx(e2e, rel=1e-12)
+    assert wall[("vllm:e2e_request_latency_seconds_sum", "")] == pytest.approx(e2e / 10, rel=1e-12)
+    assert (
+        wall[("vllm:request_decode_time_seconds_bucket", "0.25")]
+        == sim[("vllm:request_decode_time_seconds_bucket", "2.5")]
+    )
+    # token histograms keep their units
+    assert (
+        wall[("vllm:request_prompt_tokens_bucket", "500.0")]
+        == sim[("vllm:request_prompt_tokens_bucket", "500.0")]
+    )
+    with pytest.raises(ValueError, match="time_scale must be > 0, got 0"):
+        engine_registry(engine, 0.0, time_scale=0)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_flush_preempts_running_requests_and_clears_the_cache(mode: str) -> None:
     engine = Engine(EngineConfig(pool_tokens=16 * 100, mode=mode))

@@ -11,6 +11,7 @@ from simulator.config import EngineConfig
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
 from simulator.offline import run_scenario
+from simulator.truth import Watch
 
 SMALL_AGENT = {
     "pool_tokens": "60000",
@@ -107,3 +108,49 @@ def test_engine_request_outcomes_are_identical_per_request() -> None:
     for (fid, fc, fp, ft), (eid, ec, ep, et) in zip(outcomes["fast"], outcomes["exact"], strict=True):
         assert (fid, fc, fp) == (eid, ec, ep)
         assert ft == pytest.approx(et, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "control", "seed", "minutes", "overrides"),
+    [
+        ("agent-burst", "budgeter-park", 2, 16, {"control_start_min": "8"}),
+        (
+            "rag-storm",
+            "off",
+            5,
+            4,
+            {
+                "pool_tokens": "80000",
+                "rag_rate": "1.0",
+                "storm_start_min": "1",
+                "storm_minutes": "2",
+                "storm_rate": "6",
+                "compaction_trigger": "naive",
+                "compaction_every": "40",
+            },
+        ),
+        ("agent-flush", "session-cap-park", 3, 12, {**SMALL_AGENT, "flush_at_min": "4"}),
+    ],
+)
+def test_ground_truth_is_identical_in_fast_and_exact_mode(
+    scenario: str, control: str, seed: int, minutes: float, overrides: dict[str, str]
+) -> None:
+    """The watch (simulator.truth) sees the same keyings and evictions from both pools: the same
+    per-turn ground truth, the same per-block state of every label, the same eviction counts."""
+    watches = {}
+    for exact in (False, True):
+        watch = Watch()
+        run_scenario(scenario, control, seed, minutes, overrides, exact=exact, watch=watch)
+        watches[exact] = watch
+    fast, exact_ = watches[False], watches[True]
+    assert any(row["truth"] for row in fast.trace)
+    assert sum(fast.evicted.values()) > 0
+    timing = ("ts", "held_s", "parked_s", "latency_s")  # the closed-form decode sums floats in another order
+    for a, b in zip(fast.trace, exact_.trace, strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == {
+            k: v for k, v in b.items() if k not in timing
+        }
+        assert [a[k] for k in timing] == pytest.approx([b[k] for k in timing], abs=1e-6)
+    assert fast.evicted == exact_.evicted
+    assert fast.codes == exact_.codes
+    assert fast.extent == exact_.extent

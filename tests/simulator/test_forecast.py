@@ -126,27 +126,107 @@ def test_cost_from_fit_reads_the_cost_keys_and_names_a_bad_value() -> None:
         cost_from_fit({"pool_tokens": "1"})
 
 
-def test_cost_from_latencies_recovers_an_exact_linear_model() -> None:
-    t0, gamma, alpha = 0.005, 2e-8, 3e-5
+T0, GAMMA, ALPHA, POOL = 0.0006, 3.7e-9, 7.5e-6, 400_000
+
+
+def step(k: float, p: float) -> float:
+    """The step time of the identity y = T0 + gamma*K + alpha*(P*y), solved for y."""
+    return (T0 + GAMMA * k) / (1.0 - ALPHA * p)
+
+
+def interval(usage: float, p: float, **extra: float) -> dict[str, float]:
+    """An interval's signals as the collectors store them, from the model above (wall seconds)."""
+    y = step(usage * POOL, p)
+    return {
+        "decode_time_p50": y * 149,
+        "output_len_p50": 150,
+        "kv_usage": usage,
+        "prefix_cache_queries_per_s": 200_000.0 + p,
+        "prefix_cache_hits_per_s": 200_000.0,
+        **extra,
+    }
+
+
+# healthy ramp (little prefill per step), then a collapse: a full pool, 90K tokens/s of recomputed prefill
+HEALTHY_THEN_COLLAPSED = [(0.05, 4000.0), (0.2, 9000.0), (0.5, 12000.0), (0.91, 90000.0), (0.95, 110000.0)]
+
+
+def test_cost_from_latencies_recovers_an_exact_step_model() -> None:
+    cost = cost_from_latencies([interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED], POOL)
+    assert cost.step_overhead_s == pytest.approx(T0, rel=1e-9)
+    assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)
+    assert cost.prefill_per_token_s == pytest.approx(ALPHA, rel=1e-9)
+    assert (cost.prefill_attention_s, cost.offload_load_per_token_s) == (0.0, 0.0)
+
+
+def test_cost_from_latencies_ignores_queueing_a_collapse_puts_in_ttft() -> None:
+    """TTFT and queue time of a collapsed engine (minutes of waiting) change nothing: they are not read."""
+    calm = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED]
+    queued = [
+        interval(u, p, ttft_p50=60.0 * i, queue_time_p50=59.0 * i, e2e_p50=90.0 * i)
+        for i, (u, p) in enumerate(HEALTHY_THEN_COLLAPSED)
+    ]
+    assert cost_from_latencies(queued, POOL) == cost_from_latencies(calm, POOL)
+
+
+def test_cost_from_latencies_reads_each_signal_from_its_fallbacks() -> None:
     samples = []
-    for running, plen, hit in ((2, 4000, 0.5), (4, 8000, 0.9), (8, 6000, 0.0), (3, 1000, 0.25)):
+    for running, plen, p in ((2, 4000, 1000.0), (4, 8000, 3000.0), (8, 6000, 40000.0), (3, 1000, 500.0)):
+        y = step(running * plen, p)
         samples.append(
-            {
-                "itl_p50": t0 + gamma * running * plen,
+            {  # no kv_usage: K = running x prompt length; no prefix-cache rates: P = prompt - cached
                 "requests_running": running,
                 "prompt_len_p50": plen,
-                "engine_hit_ratio": hit,
-                "queue_time_p50": 0.5,
-                "ttft_p50": 0.5 + t0 + alpha * plen * (1 - hit),
+                "prompt_tokens_per_s": 5000.0 + p,
+                "cached_tokens_per_s": 5000.0,
+                # no decode_time: (e2e - ttft) / (output - 1); an ITL histogram wins over both
+                **({"itl_p50": y} if running == 8 else {"e2e_p50": 0.25 + y * 100, "ttft_p50": 0.25}),
+                "output_len_p50": 101,
             }
         )
+    cost = cost_from_latencies(samples, pool_tokens=None)
+    assert cost.step_overhead_s == pytest.approx(T0, rel=1e-9)
+    assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)
+    assert cost.prefill_per_token_s == pytest.approx(ALPHA, rel=1e-9)
+
+
+def test_cost_from_latencies_at_one_load_level_puts_the_step_on_context() -> None:
+    samples = [
+        {
+            "itl_p50": 0.02,
+            "requests_running": 4,
+            "prompt_len_p50": 5000,
+            "prompt_tokens_per_s": 9.0,
+            "cached_tokens_per_s": 9.0,
+        }
+    ] * 3
     cost = cost_from_latencies(samples)
-    assert cost.step_overhead_s == pytest.approx(t0, rel=1e-9)
-    assert cost.decode_per_ctx_token_s == pytest.approx(gamma, rel=1e-9)
-    assert cost.prefill_per_token_s == pytest.approx(alpha, rel=1e-9)
-    assert (cost.prefill_attention_s, cost.offload_load_per_token_s) == (0.0, 0.0)
-    with pytest.raises(ForecastError, match=r"too few recorded latencies .*\(1 intervals with itl_p50"):
-        cost_from_latencies(samples[:1])
+    assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == (
+        0.0,
+        0.02 / 20000,
+        0.0,
+    )
+
+
+def test_cost_from_latencies_without_prefill_variation_fits_the_decode_line_only() -> None:
+    samples = [interval(u, 0.0) for u in (0.1, 0.4, 0.8)]
+    cost = cost_from_latencies(samples, POOL)
+    assert cost.step_overhead_s == pytest.approx(T0, rel=1e-9)
+    assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)
+    assert cost.prefill_per_token_s == 0.0
+
+
+def test_cost_from_latencies_names_what_is_missing() -> None:
+    samples = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED]
+    with pytest.raises(
+        ForecastError, match=r"too few recorded intervals to estimate one \(2 with a decode step"
+    ):
+        cost_from_latencies(samples[:2], POOL)
+    no_prefill = [{k: v for k, v in s.items() if not k.startswith("prefix_cache")} for s in samples]
+    with pytest.raises(
+        ForecastError, match=r"\(0 with .*prefix_cache_queries_per_s and prefix_cache_hits_per_s"
+    ):
+        cost_from_latencies(no_prefill, POOL)
 
 
 def _recorded() -> tuple[list[dict], list[dict]]:
@@ -262,33 +342,34 @@ def test_the_forecast_never_reads_the_simulators_own_configuration() -> None:
             assert forbidden not in text, f"{name} uses {forbidden}"
 
 
-def test_cost_from_latencies_at_one_load_level_puts_the_step_on_context() -> None:
-    samples = [
-        {
-            "itl_p50": 0.02,
-            "requests_running": 4,
-            "prompt_len_p50": 5000,
-            "engine_hit_ratio": 1.0,
-            "ttft_p50": 0.1,
-        }
-    ] * 3
-    cost = cost_from_latencies(samples)
-    assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == (
-        0.0,
-        0.02 / 20000,
-        0.0,
-    )
+def test_turns_in_flight_at_the_start_are_in_the_engine_whatever_the_proposed_mode() -> None:
+    """A turn already forwarded cannot be held: the collapsed engine's backlog drains first."""
+    rows, _ = _recorded()
 
+    def run(in_flight: int) -> dict:
+        crowd = [
+            {
+                "session_id": f"c{i}",
+                "state": "admitted",
+                "context_tokens": 12000,
+                "turns": 2,
+                "data": {"in_flight": in_flight},
+            }
+            for i in range(20)
+        ]
+        inputs = forecast_inputs(
+            pool_tokens=150_000,
+            session_rows=crowd,
+            turn_rows=rows,
+            latency_samples=[],
+            fit={"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5", "decode_per_ctx_token_s": "4e-8"},
+            current=BudgeterConfig(mode="off"),
+            now=NOW,
+        )
+        assert {s.in_flight for s in inputs.sessions} == {bool(in_flight)}
+        return run_forecast(inputs, BudgeterConfig(mode="budgeter-park"), 5, seed=3)
 
-def test_cost_from_latencies_without_an_inter_token_histogram_uses_e2e_ttft_and_output_length() -> None:
-    samples = [
-        {
-            "e2e_p50": 0.1 + 0.02 * 100,
-            "ttft_p50": 0.1,
-            "output_len_p50": 101,
-            "requests_running": 4,
-            "prompt_len_p50": 5000,
-            "engine_hit_ratio": 1.0,
-        }
-    ] * 3
-    assert cost_from_latencies(samples).decode_per_ctx_token_s == pytest.approx(0.02 / 20000, rel=1e-12)
+    idle, busy = run(0), run(1)
+    # the recorded tool gaps are 4 s or more: sessions between turns finish nothing before then
+    assert sum(idle["series"]["turns"][:4]) == 0
+    assert sum(busy["series"]["turns"][:4]) > 0

@@ -10,7 +10,7 @@ import time
 import httpx
 
 from simulator.rag_traffic import rag_preset
-from tests.support import PYTHON, REPO, free_port, running
+from tests.support import PYTHON, REPO, simulator_and_sidecar
 
 
 def test_rag_preset_is_the_offline_scenario_with_overrides() -> None:
@@ -32,36 +32,12 @@ def test_a_bad_rag_set_fails_naming_the_key() -> None:
 
 
 def test_storm_enters_thin_reuse_and_the_compaction_job_asks_the_gate(tmp_path) -> None:
-    engine_port, sidecar_port = free_port(), free_port()
-    engine = f"http://127.0.0.1:{engine_port}"
-    sidecar = f"http://127.0.0.1:{sidecar_port}"
     speed = 4
     # the preset (the demo's speed), its storm from simulated minute 0.5 for 1.5 minutes: wall seconds 7.5..30;
     # the sidecar's reuse window is 15 s
-    with (
-        running(
-            [PYTHON, "-m", "simulator", "serve", "--port", str(engine_port), "--speed", str(speed)],
-            name="simulator",
-            ready_url=f"{engine}/health",
-        ),
-        running(
-            [
-                PYTHON,
-                "-m",
-                "sidecar",
-                "--engine",
-                engine,
-                "--port",
-                str(sidecar_port),
-                "--state-db",
-                str(tmp_path / "sidecar.db"),
-                "--window-s",
-                "15",
-            ],
-            name="sidecar",
-            ready_url=f"{sidecar}/healthz",
-        ),
-    ):
+    with simulator_and_sidecar(
+        tmp_path, engine_args=("--speed", str(speed)), sidecar_args=("--window-s", "15")
+    ) as (_engine, sidecar):
         log = (tmp_path / "loadgen.log").open("w")
         loadgen = subprocess.Popen(
             [

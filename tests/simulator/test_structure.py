@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.budgeter import BudgeterConfig
+from core.compaction import WarmthConfig
 from core.reuse import RegimeConfig
 from simulator.__main__ import build_parser
 from simulator.config import SimConfig, SimConfigError
@@ -80,6 +81,8 @@ def test_policy_defaults_come_from_core() -> None:
         regime.exit,
         regime.min_turns,
     )
+    warmth = WarmthConfig()
+    assert (cfg.rag.warmth_window_s, cfg.rag.warmth_floor) == (warmth.window_s, warmth.floor)
     for path in ("config.py", "agent.py", "rag.py"):
         text = (PKG / path).read_text()
         assert "= 0.75" not in text and "= 0.95" not in text and "enter: float = 0.5" not in text, path

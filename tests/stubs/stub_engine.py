@@ -14,7 +14,8 @@ benchmark measures the sidecar, not the stub.
 - ``GET /v1/models``; an unknown ``model`` gets vLLM's 404 error.
 - ``GET /metrics``: ``vllm:cache_config_info`` with the pool size.
 - Test hooks: header ``x-stub-status: 500`` answers that status; ``x-stub-delay-ms``
-  delays the answer; ``x-stub-usage: {json}`` reports that usage (non-streaming); ``x-stub-chunk-delay-ms`` paces stream chunks; ``x-stub-break: 1`` breaks a
+  delays the answer; ``x-stub-wait-for: NAME`` holds the answer until an in-process test sets
+  ``engine.gate(NAME)`` (an event, so a test waits for a condition, not for a duration); ``x-stub-usage: {json}`` reports that usage (non-streaming); ``x-stub-chunk-delay-ms`` paces stream chunks; ``x-stub-break: 1`` breaks a
   stream off midway.
 
 Run: ``python -m tests.stubs.stub_engine --port 8000 [--pool-tokens 400000] [--delay-ms 0]``.
@@ -46,6 +47,7 @@ class StubEngine:
         completion_tokens: int = 8,
         model: str = MODEL,
         metrics: bool = True,
+        max_model_len: int | None = 131072,
     ) -> None:
         self.pool_tokens = pool_tokens
         self.cached_report = cached_report
@@ -53,12 +55,18 @@ class StubEngine:
         self.completion_tokens = completion_tokens
         self.model = model
         self.metrics = metrics
+        self.max_model_len = max_model_len  # None: /v1/models does not report a context length
         self.blocks: OrderedDict[bytes, None] = OrderedDict()
         self.max_blocks = max(1, pool_tokens // BLOCK_TOKENS)
         self.requests = 0
         self.metrics_status = 200
         self.seen_headers: list[dict[str, str]] = []
         self.seen_bodies: list[dict[str, Any]] = []
+        self.gates: dict[str, asyncio.Event] = {}
+
+    def gate(self, name: str) -> asyncio.Event:
+        """The event that answers sent with ``x-stub-wait-for: name`` wait for; set it to let them go."""
+        return self.gates.setdefault(name, asyncio.Event())
 
     # ------------------------------------------------------------ model
     def cached_prefix_tokens(self, text: str) -> tuple[int, int]:
@@ -174,10 +182,11 @@ class StubEngine:
                         "created": 0,
                         "owned_by": "stub",
                         "root": self.model,
-                        "max_model_len": 131072,
                     }
                 ],
             }
+            if self.max_model_len is not None:
+                models["data"][0]["max_model_len"] = self.max_model_len
             self.respond(writer, 200, json.dumps(models).encode())
             return
         if method == "GET" and path == "/health":
@@ -247,6 +256,8 @@ class StubEngine:
         delay = float(headers.get("x-stub-delay-ms", 0) or 0) / 1000.0 or self.delay_s
         if delay:
             await asyncio.sleep(delay)
+        if gate := headers.get("x-stub-wait-for"):
+            await self.gate(gate).wait()
         prompt, cached = self.cached_prefix_tokens(self.prompt_text(body))
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         n_out = self.completion_tokens

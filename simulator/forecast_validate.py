@@ -1,0 +1,263 @@
+"""``python -m simulator forecast-validate``: the forecast against what happened (issue 16 item 3's validation).
+
+For each seed, on loopback ports of its own:
+
+1. starts the collapse demo's pieces (``demo.build_services``: the simulated engine, the sidecar, the
+   collectors and the load generator of the ``collapse`` scenario, seeded; the dashboard process is
+   not needed, its code runs here) and sets the sidecar's mode to ``off`` as the demo does;
+2. lets it run under ``off`` for ``--warm`` wall minutes (the engine collapses);
+3. takes the preview of ``budgeter-park`` through the Budgeter page's own code
+   (``dashboard.forecast_view.start``: the collectors' database only, no fit file unless ``--fit``)
+   for ``--after`` minutes, and at once applies ``budgeter-park`` for real through the sidecar's
+   authenticated control API (``PUT /control/budgeter``, recorded in its audit log);
+4. after ``--after`` wall minutes compares the preview with what happened: R_t of the turns that
+   finished in those minutes (the sidecar's turn trace, ``GET /turns``) against the preview's
+   ``r_t``, and the sidecar's parked sessions at the end (``GET /state``) against the preview's
+   ``parked_end``. Within tolerance: R_t within ``R_T_TOLERANCE``, parked within
+   ``PARKED_TOLERANCE`` of what happened or ``PARKED_MIN_SESSIONS``, whichever is larger.
+
+The simulated engine's lag behind wall-clock time (``/sim/state``) is reported: a machine too busy
+to keep the engine at its time scale runs a slower engine than the one the collectors recorded.
+Prints one JSON object per seed and a summary line; exits 1 when a seed misses the tolerance, 2 when
+the system could not be run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import logging
+import secrets
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("simulator.forecast_validate")
+
+R_T_TOLERANCE = 0.1
+PARKED_TOLERANCE = 0.30
+PARKED_MIN_SESSIONS = 3
+MODE = "budgeter-park"
+# Alembic's migration context is process-global: seeds run at once migrate their databases one at a time
+_MIGRATING = threading.Lock()
+
+
+def within(preview: dict[str, Any], actual: dict[str, Any]) -> dict[str, bool]:
+    """The issue's tolerance: R_t within 0.1; parked within 30% or 3 sessions, whichever is larger."""
+    r_ok = (
+        preview.get("r_t") is not None
+        and actual.get("r_t") is not None
+        and abs(preview["r_t"] - actual["r_t"]) <= R_T_TOLERANCE
+    )
+    allowed = max(PARKED_MIN_SESSIONS, PARKED_TOLERANCE * actual["parked_end"])
+    return {"r_t": bool(r_ok), "parked": abs(preview["parked_end"] - actual["parked_end"]) <= allowed}
+
+
+def turns_between(sidecar: str, token: str, start: float, end: float) -> list[dict[str, Any]]:
+    out, after = [], 0
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {token}"}) as client:
+        while True:
+            page = client.get(f"{sidecar}/turns", params={"after_id": after, "limit": 10000}).json()
+            out += [t for t in page["turns"] if start < t["ts"] <= end]
+            if not page["turns"]:
+                return out
+            after = page["next_after_id"]
+
+
+def actual_r_t(turns: list[dict[str, Any]]) -> float | None:
+    ok = [t for t in turns if t.get("outcome") == "ok"]
+    prompt = sum(t["prompt_tokens"] or 0 for t in ok)
+    return (
+        round(sum(min(t["cached_tokens"] or 0, t["prompt_tokens"] or 0) for t in ok) / prompt, 4)
+        if prompt
+        else None
+    )
+
+
+def _lag(engine: str) -> float | None:
+    try:
+        s = httpx.get(f"{engine}/sim/state", timeout=5).json()
+        return round(max(0.0, s["sim_time_s"] - s["engine_time_s"]), 2)
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def _parked(sidecar: str) -> int:
+    return int(httpx.get(f"{sidecar}/state", timeout=10).json()["backlog"]["parked"])
+
+
+def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, Any]]:
+    """The Budgeter page's forecast job for ``budgeter-park``, started from the collectors' database."""
+    from dashboard import data, forecast_view
+    from dashboard import preview as pv
+    from dashboard.settings import Settings
+
+    data.clear_caches()
+    ref = next(r for r in data.engines(url) if r.sidecar_target_id is not None)
+    side = data.sidecar_states(url)[ref.sidecar_target_id]
+    state = side["state"].get("budgeter") or {}
+    sessions = data.sessions(url, (ref.sidecar_target_id,))
+    current = pv.current_config(state)
+    proposed = current.replace(mode=MODE)
+    job, note = forecast_view.start(
+        Settings(database_url=url, fit_path=fit),
+        ref,
+        state,
+        sessions,
+        current,
+        proposed,
+        minutes,
+        time.time(),
+    )
+    if job is None:
+        raise RuntimeError(f"no forecast: {note}")
+    return job, {"state_age_s": round(time.time() - side["ts"], 1), "note": note}
+
+
+def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -> dict[str, Any]:
+    """One seed of the protocol (module doc); the system it starts is stopped before it returns."""
+    from demo.services import wait_ready
+    from demo.stack import build_services, ensure_admin_account, set_control_mode
+
+    data_dir = (args.data_dir / f"seed-{seed}").resolve()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    data_dir.mkdir(parents=True)
+    token = secrets.token_urlsafe(24)
+    ns = argparse.Namespace(
+        host="127.0.0.1",
+        engine_port=ports[0],
+        sidecar_port=ports[1],
+        dashboard_port=0,
+        scenario="collapse",
+        speed=args.speed,
+        data_dir=data_dir,
+        database_url=None,
+        seed=seed,
+        engine="simulator",
+        engine_url=None,
+    )
+    services = [s for s in build_services(ns, token) if s.name != "dashboard"]
+    url = services[2].env["DATABASE_URL"]
+    engine, sidecar = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+    with _MIGRATING:
+        ensure_admin_account(url, secrets.token_urlsafe(12))
+    lags: list[float] = []
+    try:
+        for s in services:
+            s.start()
+            if s.ready_url:
+                wait_ready(s, timeout=90)
+            if s.name == "sidecar":
+                set_control_mode(sidecar, token, "off")
+        started = time.time()
+        while time.time() - started < args.warm * 60:
+            time.sleep(5)
+            if (lag := _lag(engine)) is not None:
+                lags.append(lag)
+            for s in services:
+                if s.proc is not None and s.proc.poll() is not None:
+                    raise RuntimeError(f"{s.name} exited ({s.proc.returncode}):\n{s.tail()}")
+        job, info = preview(url, args.after, args.fit)
+        switched = time.time()
+        set_control_mode(sidecar, token, MODE)
+        parked_seen = []
+        while time.time() - switched < args.after * 60:
+            time.sleep(2)
+            parked_seen.append(_parked(sidecar))
+            if (lag := _lag(engine)) is not None:
+                lags.append(lag)
+        end = switched + args.after * 60
+        parked_end = _parked(sidecar)
+        turns = turns_between(sidecar, token, switched, end)
+        while job.finished is None:
+            time.sleep(0.5)
+        if job.error:
+            raise RuntimeError(f"the forecast failed: {job.error}")
+        cur, prop = (r["summary"] for r in job.results)
+        actual = {
+            "r_t": actual_r_t(turns),
+            "turns_per_s": round(len(turns) / (args.after * 60), 3),
+            "parked_end": parked_end,
+            "parked_mean": round(sum(parked_seen) / len(parked_seen), 2) if parked_seen else None,
+        }
+        predicted = {
+            k: prop[k] for k in ("r_t", "turns_per_s", "parked_end", "parked_mean", "p95_turn_latency_s")
+        }
+        cost = job.inputs.cost
+        return {
+            "seed": seed,
+            "speed": args.speed,
+            "warm_min": args.warm,
+            "after_min": args.after,
+            "preview": predicted,
+            "preview_off": {k: cur[k] for k in ("r_t", "turns_per_s", "parked_end")},
+            "actual": actual,
+            "within": within(predicted, actual),
+            "forecast_wall_s": round(job.finished - job.started, 2),
+            "cost_source": job.inputs.cost_source,
+            "cost": {
+                k: float(f"{getattr(cost, k):.4g}")
+                for k in ("step_overhead_s", "prefill_per_token_s", "decode_per_ctx_token_s")
+            },
+            "sessions_at_start": len(job.inputs.sessions),
+            "engine_lag_max_s": max(lags, default=None),
+            **info,
+        }
+    finally:
+        for s in reversed(services):
+            s.stop()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--warm", type=float, default=10.0, help="wall minutes under `off` before the switch")
+    p.add_argument(
+        "--after", type=float, default=5.0, help="wall minutes after the switch (and of the preview)"
+    )
+    p.add_argument(
+        "--speed", type=float, default=10.0, help="the simulated engine's time scale (the demo's x10)"
+    )
+    p.add_argument(
+        "--fit",
+        default=None,
+        help="a `simulator fit` file of the engine (default: none, as on a "
+        "fresh install: the cost model is estimated from recorded latencies)",
+    )
+    p.add_argument("--parallel", action="store_true", help="run the seeds at once (ports of their own)")
+    p.add_argument("--base-port", type=int, default=18400, help="seed i uses base+2i and base+2i+1")
+    p.add_argument("--data-dir", type=Path, default=Path("data/forecast-validate"))
+    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+
+def run(args: argparse.Namespace, ports: list[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
+    """Every seed of ``args.seeds`` (``ports``: the engine's and the sidecar's of each; default from --base-port)."""
+    if ports is None:
+        ports = [(args.base_port + 2 * i, args.base_port + 2 * i + 1) for i in range(len(args.seeds))]
+    jobs = list(zip(args.seeds, ports, strict=True))
+    if args.parallel:
+        with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+            return list(pool.map(lambda j: validate_seed(j[0], args, j[1]), jobs))
+    return [validate_seed(seed, args, ports) for seed, ports in jobs]
+
+
+def command(args: argparse.Namespace) -> int:
+    try:
+        results = run(args)
+    except RuntimeError as exc:
+        print(f"error: {exc}")
+        return 2
+    for r in results:
+        print(json.dumps(r))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+    bad = [r["seed"] for r in results if not all(r["within"].values())]
+    print(
+        f"{len(results) - len(bad)}/{len(results)} seeds within tolerance"
+        + (f"; missed: {bad}" if bad else "")
+    )
+    return 1 if bad else 0
