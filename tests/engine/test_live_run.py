@@ -88,7 +88,9 @@ def test_live_run_through_the_sidecar_writes_a_judged_run_json(tmp_path):
     assert run["summary"]["sessions_arrived"] == len(run["arrivals"]) > 0
     assert '"budgeter-park"' in audit  # the control switch went through the audited API
     assert (tmp_path / "run" / "run.png").stat().st_size > 0
-    # the engine's series the collapse-risk replay reads (simulator/live_record.py), one value a second
+    # the sidecar's projected demand (core.projection) and the engine's series the collapse-risk replay reads
+    # (simulator/live_record.py), one value a second
+    assert len(s["projected_demand_tokens"]) == 30 and any(s["projected_demand_tokens"])
     for key in (
         "engine_prompt_tokens",
         "engine_cached_tokens",
