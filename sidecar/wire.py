@@ -112,6 +112,9 @@ class BudgeterDoc(Wire):
     recent_latency_s: float | None = None
     default_output_budget: int
     park_set: int
+    projected_demand_tokens: int | None = None  # admitted sessions' demand projection_horizon_s ahead
+    projected_demand_fraction: float | None = None
+    projection_horizon_s: float | None = None
 
 
 class Percentiles(Wire):
