@@ -30,6 +30,7 @@ from core.runs import judge_run
 from simulator.config import SimConfig, SimConfigError
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
+from simulator.live_workload import arrival_times
 from simulator.loop import EventLoop
 from simulator.truth import Watch
 
@@ -161,30 +162,8 @@ def run_agent(
         engine.set_watch(watch)
         _watch_agent(watch, budgeter, pool_tokens)
 
-    # arrivals: base Poisson process plus the burst window's extra process
-    arr_rng = random.Random(f"{seed}-arrivals")
-    arrivals: list[float] = []
-    t = 0.0
-    while a.arrival_rate > 0:
-        t += arr_rng.expovariate(a.arrival_rate)
-        if t >= horizon:
-            break
-        arrivals.append(t)
-    b0 = a.burst_start_min * 60.0
-    b1 = b0 + a.burst_minutes * 60.0
-    t = b0
-    burst_rng = random.Random(f"{seed}-burst")
-    if a.burst_process == "uniform" and a.burst_rate > 0:
-        n_burst = int(round(a.burst_rate * (b1 - b0)))
-        arrivals.extend(
-            t for k in range(n_burst) if (t := b0 + (k + burst_rng.random()) / a.burst_rate) < horizon
-        )
-    while a.burst_rate > 0 and a.burst_process == "poisson":
-        t += burst_rng.expovariate(a.burst_rate)
-        if t >= min(b1, horizon):
-            break
-        arrivals.append(t)
-    arrivals.sort()
+    # arrivals: base Poisson process plus the burst window's extra process (shared with live-run)
+    arrivals = arrival_times(a, seed, horizon)
 
     sessions: dict[str, _Session] = {}
     raw = _Raw(n_sec)

@@ -17,7 +17,7 @@ LIVE_CONTROLS = ("off", "budgeter-park")
 
 
 def arrival_times(a: AgentWorkload, seed: int, horizon: float) -> list[float]:
-    """Session arrival times, drawn exactly as ``simulator run`` draws them (simulator/agent.py ``run_agent``)."""
+    """Session arrival times: the one draw ``simulator run`` (simulator/agent.py ``run_agent``) and live-run share."""
     arr_rng = random.Random(f"{seed}-arrivals")
     arrivals: list[float] = []
     t = 0.0
