@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -69,6 +70,13 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last seen: {last!r})")
         time.sleep(interval)
+
+
+def unavailable(what: str, reason: str) -> None:
+    """A system dependency is missing: skip with the reason, except under CI=true, where it fails."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} must run under CI=true: {reason}")
+    pytest.skip(reason)
 
 
 def free_port() -> int:
