@@ -242,7 +242,9 @@ def section(
             escape_md(
                 f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
                 f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
-                f"{job.inputs.engine.pool_tokens} tokens in blocks of {job.inputs.engine.block_size}; cost model from {job.inputs.cost_source} "
+                f"{job.inputs.engine.pool_tokens} tokens in blocks of {job.inputs.engine.block_size}; "
+                f"{job.inputs.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own; "
+                f"cost model from {job.inputs.cost_source} "
                 f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."
             )
         )
