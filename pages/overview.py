@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, fleet, risk
+from dashboard import data, fleet, live, risk
 from dashboard import fleet_charts as fc
 from dashboard import frames as q
 from dashboard.settings import Settings
@@ -124,7 +124,6 @@ def _secs(value: float | None) -> str:
     return f"{value:.0f} s" if value < 120 else f"{value / 60:.0f} min"
 
 
-@st.fragment(run_every=settings.refresh_seconds)
 def fleet_panel() -> None:
     now = time.time()
     try:
@@ -159,7 +158,7 @@ def fleet_panel() -> None:
                 st.text("\n".join(f"{r['state']:<11} {r['engine']}: {r['why']}" for r in attention))
     st.caption(
         f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
-        f"{settings.refresh_seconds:g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
+        f"{live.interval_for('overview_fleet', settings):g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
         "stale engine are its last known values (grey); a blank is a value not known (the column's help says why)."
     )
     render_table(rows)
@@ -307,7 +306,6 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
     )
 
 
-@st.fragment(run_every=settings.refresh_seconds if window.live else None)
 def charts_panel() -> None:
     now = time.time()
     try:
@@ -316,6 +314,6 @@ def charts_panel() -> None:
         st.error(str(exc))
 
 
-fleet_panel()
+live.live_panel("overview_fleet", settings, True, fleet_panel)
 st.subheader("Fleet charts")
-charts_panel()
+live.live_panel("overview_charts", settings, window.live, charts_panel)
