@@ -28,11 +28,12 @@ from dashboard import data
 from dashboard.frames import EngineRef
 from dashboard.settings import Settings
 from dashboard.ui import escape_md
+from db.queries.turns import engine_block_size
 from db.queries.turns import turns as stored_turns
 from simulator.forecast import COST_WINDOW_S, WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_run import run_forecast
 
-LATENCY_SIGNALS = (  # what `simulator.forecast.cost_from_latencies` reads
+LATENCY_SIGNALS = (  # what `simulator.forecast.cost_from_latencies` and `turn_overhead` read
     "itl_p50",
     "decode_time_p50",
     "output_len_p50",
@@ -100,15 +101,23 @@ def turn_rows(url: str, sidecar_id: int, since: float) -> list[dict[str, Any]]:
     return [{**r, "id": r["remote_id"], "session": r["session_id"]} for r in found]
 
 
-def latency_samples(url: str, engine_id: int | None, start: float, end: float) -> list[dict[str, Any]]:
+def latency_samples(
+    url: str, engine_id: int | None, start: float, end: float, signals: tuple[str, ...] = LATENCY_SIGNALS
+) -> list[dict[str, Any]]:
     if engine_id is None:
         return []
     # as fine as stored: each interval is a point of the cost model's regression (raw samples for hours)
-    frame = data.series(url, (engine_id,), LATENCY_SIGNALS, start, end, max_points=COST_POINTS)
+    frame = data.series(url, (engine_id,), signals, start, end, max_points=COST_POINTS)
     if frame.empty:
         return []
     wide = frame.pivot_table(index=["ts", "engine_label"], columns="signal", values="value", aggfunc="last")
+    wide = wide.reset_index(level="ts")  # `ts` too: the turn overhead pairs intervals with the turns in them
     return [{k: v for k, v in row.items() if pd.notna(v)} for row in wide.to_dict("records")]
+
+
+def block_size(url: str, engine_id: int | None) -> int | None:
+    """The engine's KV block size as the collectors recorded it (``db.queries.turns.engine_block_size``)."""
+    return data._read(url, engine_block_size, engine_id) if engine_id is not None else None
 
 
 def _fit_files(spec: str) -> list[Path]:
@@ -165,6 +174,10 @@ def start(
             fit=fit,
             current=current,
             now=now,
+            block_size=block_size(url, ref.engine_target_id),
+            # the turn overhead pairs each engine interval with the turns finished in it: as recorded,
+            # over the workload window (the cost model's 6 hours come averaged into coarser points)
+            e2e_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now, ("e2e_p50",)),
         )
     except (ForecastError, data.DatabaseUnavailable) as exc:
         return None, str(exc)
@@ -229,7 +242,9 @@ def section(
             escape_md(
                 f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
                 f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
-                f"{job.inputs.engine.pool_tokens} tokens; cost model from {job.inputs.cost_source} "
+                f"{job.inputs.engine.pool_tokens} tokens in blocks of {job.inputs.engine.block_size}; "
+                f"{job.inputs.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own; "
+                f"cost model from {job.inputs.cost_source} "
                 f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."
             )
         )

@@ -13,7 +13,11 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   - a session *arrives* in the window when its first recorded turn is in the
     window and no turn of it is recorded before the window (the caller passes
     the rows since ``now - 2 * window_s``, so a session idle for less than a
-    window is not taken for a new one); ``arrival_rate`` = arrivals / window;
+    window is not taken for a new one); ``arrival_rate`` = arrivals / the span
+    the trace covers: the window, or, when the first recorded turn (of the rows
+    passed) arrived inside it, the time since that arrival (the sidecar, or its
+    traffic, started less than a window ago: dividing by the whole window would
+    take that young trace's rate for a fraction of it);
   - ``first_prompts``: the prompt tokens of those arrivals' first turns;
   - ``extras``: the new text of each later turn,
     ``prompt[k+1] - prompt[k] - completion[k]`` (clipped at 0): a session's
@@ -52,31 +56,46 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   queue and behind other prefills), not per-token cost; its decode steps are
   long because each carries a chunk of recomputed prefill, which this identity
   charges to ``alpha``. ``beta`` (attention) and offload loads are folded into
-  ``alpha`` (0 here: not separable from these signals).
+  ``alpha`` (0 here: not separable from these signals; docs/dashboard.md measures what that costs).
+
+* ``turn_overhead``: the part of a turn's latency, as the sidecar measures it
+  (``latency_s``: forwarded to answered), that the engine's own clock does not
+  account for: HTTP and tokenisation, or an engine process that falls behind
+  its work. For each engine interval of the workload window with an
+  ``e2e_p50`` (the engine's arrival-to-finish median) and turns recorded
+  finishing in it (after the interval's previous sample, up to its ``ts``):
+  the median ``latency_s`` of those turns minus ``e2e_p50``; the overhead is
+  the median of these over the intervals, at least 0 (0 with none). The
+  forecast delivers each finished turn that much later (``forecast_run``): a
+  session's next turn waits for the answer as the client saw it. On a real
+  engine it is milliseconds; a simulated engine run faster than real time on
+  a busy machine falls seconds behind, and sessions cycle that much slower.
 
 Nothing here reads the simulator's own settings (a ``SimConfig`` or the
 simulated engine's flags): the engine is what the collectors saw, even when
-it is the simulator. What the collectors never see is named here once:
-``BLOCK_SIZE`` (vLLM's default, the collectors do not record it; a fit file
-carries the real one) and the scheduler limits (vLLM's defaults, as
+it is the simulator. The KV block size is the engine's as the collectors
+recorded it (``block_size``, from vLLM's ``cache_config_info``), else a fit
+file's, else vLLM's default (``core.attribution.DEFAULT_BLOCK_SIZE``). What the
+collectors never see is the scheduler limits (vLLM's defaults, as
 ``EngineConfig``'s).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from core.attribution import DEFAULT_BLOCK_SIZE
 from core.budgeter import BudgeterConfig
 from simulator.config import CostModel, EngineConfig, SimConfigError
 from simulator.fit import least_squares
 
 WINDOW_S = 1800.0  # "what was recorded over the last 30 minutes"
 COST_WINDOW_S = 6 * 3600.0  # the engine's cost model: its signals over the last 6 hours
-BLOCK_SIZE = 16  # vLLM's default; the collectors do not record the engine's block size
 START_STATES = ("admitted", "parked", "waiting")
 MIN_SAMPLES = 3  # latency intervals needed to estimate a cost model
 
@@ -119,12 +138,20 @@ class ForecastInputs:
     sessions: tuple[StartSession, ...]
     shapes: Shapes
     output_budget: int  # what clients declare to the budgeter (the current config's default)
+    turn_overhead_s: float = 0.0  # latency outside the engine's clock, per turn (``turn_overhead``)
 
 
 def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0
     return max(0, int(value))
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _num(value: Any) -> float | None:
@@ -175,6 +202,15 @@ def shapes_from_turns(
     gaps: list[float] = []
     session_turns: list[int] = []
     seen = 0
+    first_began = min(
+        (
+            t["ts"] - (_num(t.get("latency_s")) or 0.0) - (_num(t.get("held_s")) or 0.0)
+            for rows in by_session.values()
+            for t in rows
+        ),
+        default=start,
+    )
+    span = max(0.0, now - max(start, first_began))
     for sid in sorted(by_session):
         rows = sorted(by_session[sid], key=lambda t: (t["ts"], t.get("id") or 0))
         arrived = rows[0]["ts"] >= start
@@ -202,7 +238,7 @@ def shapes_from_turns(
             began = t["ts"] - (_num(t.get("latency_s")) or 0.0) - (_num(t.get("held_s")) or 0.0)
             gaps.append(round(max(0.0, began - prev["ts"]), 6))
     return Shapes(
-        arrival_rate=len(first_prompts) / window_s,
+        arrival_rate=len(first_prompts) / span if span > 0 else 0.0,
         first_prompts=tuple(first_prompts),
         extras=tuple(extras),
         outputs=tuple(outputs),
@@ -211,6 +247,39 @@ def shapes_from_turns(
         shared_prefix=int(statistics.median(firsts_cached)) if firsts_cached else 0,
         turns_seen=seen,
     )
+
+
+def turn_overhead(
+    turns: Iterable[Mapping[str, Any]],
+    samples: Iterable[Mapping[str, Any]],
+    now: float,
+    window_s: float = WINDOW_S,
+) -> float:
+    """Seconds of a turn's sidecar latency beyond the engine's ``e2e_p50`` (module doc); samples need ``ts``."""
+    done = sorted(
+        (ts, lat)
+        for t in turns
+        if t.get("outcome") == "ok"
+        and (ts := _num(t.get("ts"))) is not None
+        and (lat := _num(t.get("latency_s"))) is not None
+    )
+    stamps = [ts for ts, _ in done]
+    by_ts: dict[float, float | None] = {}
+    for s in samples:
+        ts = _num(s.get("ts"))
+        if ts is not None and ts <= now:
+            e2e = _num(s.get("e2e_p50"))
+            by_ts[ts] = by_ts.get(ts) if e2e is None else e2e  # one value per time (any engine label)
+    times = sorted(by_ts)
+    deltas = []
+    for prev, ts in zip(times, times[1:], strict=False):
+        e2e = by_ts[ts]
+        if e2e is None or ts < now - window_s:
+            continue
+        lats = [lat for _, lat in done[bisect.bisect_right(stamps, prev) : bisect.bisect_right(stamps, ts)]]
+        if lats:
+            deltas.append(statistics.median(lats) - e2e)
+    return max(0.0, statistics.median(deltas)) if deltas else 0.0
 
 
 _COST_KEYS = tuple(f.name for f in fields(CostModel))
@@ -306,20 +375,29 @@ def forecast_inputs(
     current: BudgeterConfig,
     now: float,
     window_s: float = WINDOW_S,
+    block_size: Any = None,
+    e2e_samples: Iterable[Mapping[str, Any]] | None = None,
 ) -> ForecastInputs:
-    """Everything a forecast runs on, from the collectors' rows only (``fit``: a fit file's ``set`` or None)."""
+    """Everything a forecast runs on, from the collectors' rows only (``fit``: a fit file's ``set`` or None;
+    ``block_size``: the engine's recorded KV block size, or None when the collectors have none;
+    ``e2e_samples``: the engine's ``e2e_p50`` samples with ``ts`` for ``turn_overhead``, as fine as
+    recorded over the workload window; None: ``latency_samples``)."""
     pool = _int(pool_tokens)
-    block = BLOCK_SIZE
-    if fit is not None and "block_size" in fit:
-        block = _int(float(fit["block_size"])) or BLOCK_SIZE
+    block = _int(block_size)
+    if not block and fit is not None and "block_size" in fit:
+        block = _int(_float(fit["block_size"]))
+        if block < 1:
+            raise ForecastError(f"fit: block_size={fit['block_size']!r} is not a positive number")
+    block = block or DEFAULT_BLOCK_SIZE
     if pool < 4 * block:
         raise ForecastError(
             f"the engine's KV pool size is unknown or too small ({pool_tokens!r} tokens): "
             "nothing to simulate against"
         )
     rows = list(session_rows)
+    turns, samples = list(turn_rows), list(latency_samples)
     sessions = start_sessions(rows, now)
-    shapes = shapes_from_turns(turn_rows, now, [str(r["session_id"]) for r in rows], window_s)
+    shapes = shapes_from_turns(turns, now, [str(r["session_id"]) for r in rows], window_s)
     if shapes.turns_seen == 0 and not sessions:
         raise ForecastError(
             f"no turns recorded in the last {window_s / 60:g} minutes and no sessions: "
@@ -333,7 +411,7 @@ def forecast_inputs(
     if fit is not None:
         cost, source = cost_from_fit(fit), "fit"
     else:
-        cost, source = cost_from_latencies(latency_samples, pool), "latencies"
+        cost, source = cost_from_latencies(samples, pool), "latencies"
     return ForecastInputs(
         engine=EngineConfig(pool_tokens=pool, block_size=block),
         cost=cost,
@@ -341,4 +419,5 @@ def forecast_inputs(
         sessions=sessions,
         shapes=shapes,
         output_budget=current.default_output_budget,
+        turn_overhead_s=turn_overhead(turns, samples if e2e_samples is None else e2e_samples, now, window_s),
     )

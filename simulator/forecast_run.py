@@ -18,6 +18,9 @@ only). The run:
   done (one more turn when no recorded total is above);
 * *new sessions*: Poisson arrivals at the recorded rate, first prompt and
   total turns drawn from the recorded ones;
+* a finished turn reaches its session ``turn_overhead_s`` later (the latency
+  the sidecar recorded beyond the engine's own: ``forecast.turn_overhead``):
+  its latency, and the session's next turn, count from then;
 * each later turn's prompt is the context plus recorded new text
   (``extras``), its answer a recorded completion size; every draw comes from a
   per-session random stream seeded by ``seed``, so the same seed offers the
@@ -183,8 +186,14 @@ def run_forecast(
         return sess.rng.choice(sh.gaps)
 
     def on_finish(req: Request) -> None:
+        done = req.finish_time or engine.now
+        if inputs.turn_overhead_s > 0:  # the answer reaches the client that much later
+            loop.push(done + inputs.turn_overhead_s, delivered, req)
+        else:
+            delivered(done, req)
+
+    def delivered(now: float, req: Request) -> None:
         sess: _Sess = req.tag  # type: ignore[assignment]
-        now = req.finish_time or engine.now
         if now <= t0 + horizon:
             acc.add(
                 now - t0,

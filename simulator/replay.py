@@ -3,8 +3,10 @@ we switched to MODE at T", from an incident bundle (``python -m collectors expor
 
 Inputs come from the bundle only (never the simulator's own settings), through `simulator.forecast`:
 
-- the engine: its KV pool (the newest ``pool_tokens`` sample at or before T) and a cost model
-  estimated from its recorded latency signals (`simulator.forecast.cost_from_latencies`);
+- the engine: its KV pool (the newest ``pool_tokens`` sample at or before T), its KV block size (the
+  newest ``block_size`` sample, else `core.attribution.DEFAULT_BLOCK_SIZE`) and a cost model
+  estimated from its recorded latency signals (`simulator.forecast.cost_from_latencies`), and the turn
+  latency outside the engine's clock (`simulator.forecast.turn_overhead`);
 - the sessions in the system at T: those with a recorded turn before T (within ``IDLE_S``) and one
   after it, as admitted sessions with their context (prompt + completion of their last turn before T)
   and the turns done;
@@ -26,16 +28,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from collectors.incident import IncidentError, parse_time, read_bundle
+from core.attribution import DEFAULT_BLOCK_SIZE
 from core.budgeter import CONTROLS, BudgeterConfig
 from core.runs import judge_run
 from simulator.config import EngineConfig, SimConfigError
 from simulator.forecast import (
-    BLOCK_SIZE,
     ForecastError,
     ForecastInputs,
     cost_from_latencies,
     shapes_from_turns,
     start_sessions,
+    turn_overhead,
 )
 from simulator.forecast_run import run_forecast
 
@@ -64,6 +67,7 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
         raise ForecastError(
             "the bundle has no pool_tokens sample before --at: the engine's KV pool is unknown"
         )
+    blocks = [r["block_size"] for r in eng if r.get("block_size", 0) >= 1]  # the engine's, as recorded
     turns = [dict(t, session=t.get("session_id")) for t in doc.get("turns", []) if t.get("outcome") == "ok"]
     before = [t for t in turns if t["ts"] <= at]
     after_ids = {t["session_id"] for t in turns if t["ts"] > at}
@@ -91,12 +95,15 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
             "tool gaps from"
         )
     return ForecastInputs(
-        engine=EngineConfig(pool_tokens=int(pools[-1]), block_size=BLOCK_SIZE),
+        engine=EngineConfig(
+            pool_tokens=int(pools[-1]), block_size=int(blocks[-1]) if blocks else DEFAULT_BLOCK_SIZE
+        ),
         cost=cost_from_latencies(eng, pools[-1]),
         cost_source="latencies",
         sessions=sessions,
         shapes=shapes,
         output_budget=config.default_output_budget,
+        turn_overhead_s=turn_overhead(before, eng, at),
     )
 
 

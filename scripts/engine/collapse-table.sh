@@ -7,7 +7,8 @@
 #          ROWS ("steady:off burst:off burst:budgeter-park"), ENGINE_URL (reuse a running engine),
 #          ENGINE_POOL_TOKENS (default: the preset's pool_tokens), ENGINE_CPUS (pin the engine, e.g. 0),
 #          ENGINE_NICE (e.g. -20, root; also its session's autogroup: `realengine serve --nice`),
-#          FIT (1: `simulator fit` the engine before and after the runs, fit-start.json / fit-end.json)
+#          FIT (1: `simulator fit` the engine before and after the runs, fit-start.json / fit-end.json),
+#          SIDE_CPUS (pin the sidecars, the live-run driver and the fits elsewhere, e.g. 1: `taskset -c`)
 # The docs' table was measured with ENGINE_CPUS=0 ENGINE_NICE=-20 (docs/real-engine.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 wait_up() { for _ in $(seq 1 900); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; echo "no answer from $1" >&2; return 1; }
+side=(); [ -n "${SIDE_CPUS:-}" ] && side=(taskset -c "$SIDE_CPUS")
 engine=${ENGINE_URL:-}
 if [ -z "$engine" ]; then
   ep=$(port); engine="http://127.0.0.1:$ep"
@@ -35,20 +37,20 @@ if [ -z "$engine" ]; then
   wait_up "$engine/health"
 fi
 FIT=${FIT:-1}
-[ "$FIT" = 1 ] && "$PY" -m simulator fit --engine "$engine" --out "$out/fit-start.json" | tee -a "$out/runs.txt"
+[ "$FIT" = 1 ] && "${side[@]}" "$PY" -m simulator fit --engine "$engine" --out "$out/fit-start.json" | tee -a "$out/runs.txt"
 for seed in "${seeds[@]}"; do
   for row in $ROWS; do
     scenario=agent-${row%%:*}; control=${row##*:}; name="$scenario-$control-seed$seed"
     sp=$(port); sidecar="http://127.0.0.1:$sp"
-    "$PY" -m sidecar --engine "$engine" --port "$sp" --state-db "$out/$name.sidecar.db" > "$out/$name.sidecar.log" 2>&1 &
+    "${side[@]}" "$PY" -m sidecar --engine "$engine" --port "$sp" --state-db "$out/$name.sidecar.db" > "$out/$name.sidecar.log" 2>&1 &
     sc=$!; pids+=($sc)
     wait_up "$sidecar/healthz"
-    "$PY" -m simulator live-run --engine "$engine" --sidecar "$sidecar" --scenario "$scenario" --control "$control" \
+    "${side[@]}" "$PY" -m simulator live-run --engine "$engine" --sidecar "$sidecar" --scenario "$scenario" --control "$control" \
       --control-start-min "$CONTROL_START_MIN" --minutes "$MINUTES" --seed "$seed" --preset "$PRESET" \
       --out "$out/$name" 2>&1 | tail -1 | tee -a "$out/runs.txt"
     kill "$sc"; wait "$sc" 2>/dev/null || true
     sleep 5  # let the engine finish what the run left
   done
 done
-[ "$FIT" = 1 ] && "$PY" -m simulator fit --engine "$engine" --out "$out/fit-end.json" | tee -a "$out/runs.txt"
+[ "$FIT" = 1 ] && "${side[@]}" "$PY" -m simulator fit --engine "$engine" --out "$out/fit-end.json" | tee -a "$out/runs.txt"
 "$PY" scripts/engine/collapse_table.py "$out" | tee "$out/table.md"

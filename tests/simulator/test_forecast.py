@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from core.attribution import DEFAULT_BLOCK_SIZE
 from core.budgeter import BudgeterConfig
-from simulator.config import CostModel
+from simulator.config import CostModel, EngineConfig
 from simulator.forecast import (
-    BLOCK_SIZE,
     ForecastError,
+    ForecastInputs,
     Shapes,
     StartSession,
     cost_from_fit,
@@ -16,6 +17,7 @@ from simulator.forecast import (
     forecast_inputs,
     shapes_from_turns,
     start_sessions,
+    turn_overhead,
 )
 from simulator.forecast_run import run_forecast
 
@@ -103,6 +105,22 @@ def test_shapes_from_turns_exact() -> None:
         shared_prefix=1500,
         turns_seen=4,
     )
+
+
+def test_the_arrival_rate_is_over_the_span_the_trace_covers() -> None:
+    # a trace younger than the window (the sidecar started 120 s ago): 3 arrivals in 120 s, not in 1800 s
+    rows = [
+        turn(1, NOW - 119.0, "a", 3000, 0, 100, latency=0.5, held=0.5),  # arrived NOW - 120
+        turn(2, NOW - 60.0, "b", 3000, 2000, 100),
+        turn(3, NOW - 50.0, "a", 3500, 3000, 100),
+        turn(4, NOW - 10.0, "c", 3000, 2000, 100),
+    ]
+    assert shapes_from_turns(rows, NOW).arrival_rate == 3 / 120.0
+    # one turn recorded before the window: the trace covers the whole window
+    older = [turn(0, NOW - 1900.0, "old", 3000, 0, 100), *rows]
+    assert shapes_from_turns(older, NOW).arrival_rate == 3 / 1800.0
+    # failed and session-less turns say nothing of arrivals; no ok turn at all: rate 0
+    assert shapes_from_turns([turn(1, NOW - 5.0, "a", 1, 0, 1, outcome="error")], NOW).arrival_rate == 0.0
 
 
 def test_cost_from_fit_reads_the_cost_keys_and_names_a_bad_value() -> None:
@@ -264,7 +282,10 @@ def test_forecast_inputs_take_only_the_collectors_data() -> None:
     )
     assert (inputs.engine.pool_tokens, inputs.engine.block_size, inputs.cost_source) == (100_000, 32, "fit")
     assert inputs.output_budget == BudgeterConfig().default_output_budget
-    assert inputs.shapes.arrival_rate == 20 / 1800.0 and set(inputs.shapes.extras) == {600}
+    # the trace began 1700.8 s ago (the first turn's arrival), inside the 30-minute window
+    assert inputs.shapes.arrival_rate == 20 / (NOW - (NOW - 1700.0 - 0.8)) and set(inputs.shapes.extras) == {
+        600
+    }
     assert inputs.shapes.session_turns == (10,) * 18 and [s.id for s in inputs.sessions] == ["s18", "s19"]
     with pytest.raises(ForecastError, match=r"KV pool size is unknown or too small \(None tokens\)"):
         forecast_inputs(
@@ -286,7 +307,30 @@ def test_forecast_inputs_take_only_the_collectors_data() -> None:
             current=BudgeterConfig(),
             now=NOW,
         )
-    assert BLOCK_SIZE == 16
+
+
+def test_the_block_size_is_the_recorded_one_else_the_fit_files_else_vllms_default() -> None:
+    rows, sessions = _recorded()
+    fit = {"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5"}
+
+    def block(recorded: object, fit_block: object | None) -> int:
+        f = fit if fit_block is None else {**fit, "block_size": fit_block}
+        return forecast_inputs(
+            pool_tokens=100_000,
+            session_rows=sessions,
+            turn_rows=rows,
+            latency_samples=[],
+            fit=f,
+            current=BudgeterConfig(),
+            now=NOW,
+            block_size=recorded,
+        ).engine.block_size
+
+    assert block(64, "32") == 64  # what the engine reports wins over a fit file
+    assert block(None, "32") == 32
+    assert block(None, None) == DEFAULT_BLOCK_SIZE == 16
+    with pytest.raises(ForecastError, match=r"fit: block_size='big' is not a positive number"):
+        block(None, "big")
 
 
 def test_run_forecast_is_deterministic_and_parking_holds_demand_under_the_band() -> None:
@@ -373,3 +417,48 @@ def test_turns_in_flight_at_the_start_are_in_the_engine_whatever_the_proposed_mo
     # the recorded tool gaps are 4 s or more: sessions between turns finish nothing before then
     assert sum(idle["series"]["turns"][:4]) == 0
     assert sum(busy["series"]["turns"][:4]) > 0
+
+
+def test_turn_overhead_is_the_sidecars_latency_beyond_the_engines_own() -> None:
+    samples = [
+        {"ts": 100.0, "e2e_p50": 0.5},
+        {"ts": 110.0, "e2e_p50": 1.0, "kv_usage": 0.5},
+        {"ts": 110.0, "kv_usage": 0.5},  # another engine label at the same time, without e2e
+        {"ts": 120.0, "e2e_p50": 2.0},
+        {"ts": 130.0},  # no e2e: its turns are not compared
+        {"ts": 140.0, "e2e_p50": 1.0},  # after now
+    ]
+    rows = [
+        turn(1, 95.0, "a", 1, 0, 1, latency=9.0),  # before the first interval
+        turn(2, 105.0, "a", 1, 0, 1, latency=0.7),  # (100, 110]: median 0.8 - 1.0
+        turn(3, 110.0, "b", 1, 0, 1, latency=0.9),
+        turn(4, 115.0, "a", 1, 0, 1, latency=3.0),  # (110, 120]: 3.0 - 2.0
+        turn(5, 116.0, "b", 1, 0, 1, latency=50.0, outcome="error"),  # failed: left out
+        turn(6, 125.0, "a", 1, 0, 1, latency=5.0),  # (120, 130]: no e2e
+    ]
+    assert turn_overhead(rows, samples, now=130.0) == ((0.7 + 0.9) / 2 - 1.0 + (3.0 - 2.0)) / 2
+    assert turn_overhead(rows, samples, now=130.0, window_s=15.0) == 3.0 - 2.0  # intervals ending from 115
+    assert turn_overhead(rows[:3], samples, now=130.0) == 0.0  # faster than the engine's own clock: 0
+    assert turn_overhead(rows, [], now=130.0) == 0.0  # nothing to compare
+    assert turn_overhead(rows, [{k: v for k, v in s.items() if k != "ts"} for s in samples], 130.0) == 0.0
+
+
+def test_a_turn_overhead_delays_each_answer_and_the_sessions_next_turn() -> None:
+    def run(overhead: float) -> dict:
+        inputs = ForecastInputs(
+            engine=EngineConfig(pool_tokens=100_000),
+            cost=CostModel(0.01, 1e-5, 0.0, 1e-8, 0.0),
+            cost_source="fit",
+            sessions=(StartSession("s", "admitted", 5000, 1),),
+            shapes=Shapes(0.0, (), (100,), (10,), (1.0,), (10_000,), 0, 10),
+            output_budget=10,
+            turn_overhead_s=overhead,
+        )
+        return run_forecast(inputs, BudgeterConfig(mode="off"), 1, seed=1)["summary"]
+
+    plain, slow = run(0.0), run(2.0)
+    # one session alone: a turn takes 0.102 s of engine time (100 prefill tokens, 10 steps of 0.01 s and
+    # their context), then the answer arrives `overhead` later and the next turn follows a 1 s tool gap
+    assert (plain["p95_turn_latency_s"], slow["p95_turn_latency_s"]) == (0.102, 2.102)
+    assert round(plain["turns_per_s"] * 60) == 54 == int(60 / 1.102)  # turns in the minute
+    assert round(slow["turns_per_s"] * 60) == 19 == int(60 / 3.102)
