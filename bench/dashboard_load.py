@@ -3,8 +3,9 @@
 Two `streamlit run app.py` servers over the same filled database (`tests/dashboard/fill.py`), default
 2 s refresh: the code of ``--baseline-ref`` (checked out with `git archive` into a temporary directory)
 and the working tree. ``--busy`` busy loops at nice 0 (spread over the cores) load the machine for
-the whole run, on top of whatever else runs. For each round and each server, in alternating order,
-headless Chromium opens the live Engine page and polls it every second for ``--seconds``:
+the whole run, on top of whatever else runs. In each round both servers start and a headless Chromium
+for each opens its live Engine page at the same time (so both see the same load), polling it every
+second for ``--seconds``:
 
 - ``first_drawn_s``: seconds until every chart element on the page has a plotly line drawn (None:
   never within the window; the page shows grey skeletons until then);
@@ -23,6 +24,8 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -87,23 +90,33 @@ def live_under_load(baseline_ref: str, busy: int, seconds: float, rounds: int) -
     ]
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     try:
-        for r in range(rounds):
-            order = list(trees) if r % 2 == 0 else list(reversed(trees))
-            for name in order:
-                port = free_port()
-                cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port)]
-                cmd += ["--server.headless", "true"]
-                base = f"http://127.0.0.1:{port}"
-                with running(
-                    cmd,
-                    name=f"streamlit-{name}",
-                    cwd=trees[name],
-                    env=env,
-                    ready_url=f"{base}/_stcore/health",
-                    expect_text="ok",
-                    timeout=180,
-                ):
-                    results[name].append(_watch(base, "engine?engine=a", seconds))
+        for _ in range(rounds):
+            with ExitStack() as stack:
+                bases = {}
+                for name, tree in trees.items():
+                    port = free_port()
+                    cmd = [PYTHON, "-m", "streamlit", "run", "app.py", "--server.port", str(port)]
+                    cmd += ["--server.headless", "true"]
+                    bases[name] = f"http://127.0.0.1:{port}"
+                    stack.enter_context(
+                        running(
+                            cmd,
+                            name=f"streamlit-{name}",
+                            cwd=tree,
+                            env=env,
+                            ready_url=f"{bases[name]}/_stcore/health",
+                            expect_text="ok",
+                            timeout=180,
+                        )
+                    )
+                # both pages watched at the same time, so both see the same load
+                with ProcessPoolExecutor(max_workers=len(trees)) as pool:
+                    futures = {
+                        name: pool.submit(_watch, base, "engine?engine=a", seconds)
+                        for name, base in bases.items()
+                    }
+                    for name, future in futures.items():
+                        results[name].append(future.result())
     finally:
         for loop in loops:
             loop.terminate()
