@@ -12,26 +12,35 @@ collectors store them; ``now``: the clock, passed in). Two input sets, chosen by
     - ``demand_projection``: ``projected_demand_fraction``, the demand the admitted sessions are
       expected to hold ``projection_horizon_s`` from now against the pool (`core.projection`: their
       growth per turn, turns left and pace, plus arrivals; sessions due to end leave), mean over
-      ``level_s``. Without that signal: the ``level_s`` mean of ``demand_fraction`` plus its growth
-      per minute (least squares over ``trend_s``) times the horizon. Ramps ``projection_lo`` ..
-      ``projection_hi``.
-    - ``kv_demand``: ``demand_fraction`` (KV demand of the admitted sessions / pool), mean over
-      the last ``level_s``. Pressure ramps from ``demand_lo`` to ``demand_hi``.
+      ``level_s``. Without that signal: the ``level_s`` mean of ``demand_fraction``, plus its growth
+      per minute (least squares over ``trend_s``) times the horizon only while that mean is at least
+      ``demand_trend_floor`` (a system filling from far below the pool, as at a sidecar's start, is
+      not extrapolated past it). Ramps ``projection_lo`` .. ``projection_hi``.
+    - ``kv_demand``: the *lasting* KV demand of the admitted sessions against the pool: the smaller
+      of ``demand_fraction``'s ``level_s`` mean and ``demand_projection``'s value (an overflow the
+      projection sees ending within the horizon, sessions at their last turns, evicts little).
+      Pressure ramps from ``demand_lo`` to ``demand_hi``. The gates below ("near the pool") test
+      this value against ``demand_trend_floor``.
     - ``demand_trend``: growth of ``demand_fraction`` per minute (least squares over ``trend_s``),
-      counted only while demand is above ``demand_trend_floor`` of the pool. Ramps
-      ``demand_growth_lo`` .. ``demand_growth_hi``.
+      counted only near the pool (else 0). Ramps ``demand_growth_lo`` .. ``demand_growth_hi``.
     - ``session_flow``: session arrivals minus completions per minute, the growth of
-      ``sessions_in_system`` (least squares over ``trend_s``), counted while demand is above
-      ``demand_trend_floor``. Ramps ``flow_lo`` .. ``flow_hi``.
+      ``sessions_in_system`` (least squares over ``trend_s``), counted only near the pool. Ramps
+      ``flow_lo`` .. ``flow_hi``.
     - ``missed_prefill``: missed prompt tokens per second against the engine's prefill capacity
       ``prefill_capacity_tokens_per_s``: engine ``prompt_tokens_per_s - cached_tokens_per_s`` when
       those are in ``points``, else estimated from the sidecar as
       ``turns_per_s * (demand_tokens / admitted) * (1 - token_weighted)``; mean over ``level_s``.
-      Ramps ``missed_lo`` .. ``missed_hi`` (fractions of the capacity).
+      A symptom: counted only near the pool (below it every admitted prefix fits, so misses are cold
+      or one-off, e.g. a prefix-cache flush, and heal on the next turn). Ramps ``missed_lo`` ..
+      ``missed_hi`` (fractions of the capacity).
     - ``rt_trend``: fall of R_t (``token_weighted``, mean over ``level_s``) below its highest
-      ``level_s`` mean in the last ``reference_s``. Ramps ``drop_lo`` .. ``drop_hi``.
+      ``level_s`` mean in the last ``reference_s``; a symptom, counted only near the pool. Ramps
+      ``drop_lo`` .. ``drop_hi``.
 
-``engine`` (no sidecar: the engine's own ``/metrics``)
+``engine`` (no sidecar: the engine's own ``/metrics``). The symptoms ``hit_trend``,
+``missed_prefill`` and ``throughput`` count only while the pool is under pressure (else 0):
+``kv_usage``'s ``level_s`` mean at least ``kv_lo``, or ``queue``'s at least ``queue_lo`` (requests
+waiting for blocks). With room in the pool, misses are cold or one-off (a flush), not evictions.
     - ``kv_usage``: mean over ``level_s``; ramps ``kv_lo`` .. ``kv_hi``.
     - ``queue``: ``requests_waiting``, mean over ``level_s``; ramps ``queue_lo`` .. ``queue_hi``.
     - ``queue_growth``: ``requests_waiting`` growth per minute over ``trend_s``; ramps
@@ -52,8 +61,9 @@ Scoring: each input gets a *pressure* in [0, 1], ``ramp(value, lo, hi)`` (0 at o
 1 at or above ``hi``, linear between), and contributes ``weight * pressure`` (weights in
 ``RiskSettings``, per mode). The *score* is ``min(1, sum of contributions)``: no single input
 with a weight below ``warn_enter`` can raise a warning alone; agreement between causes does.
-An input whose signals are absent contributes nothing and is reported with value None; when no
-input of the mode has data the score is None (unknown).
+A symptom whose cause does not hold is reported with value 0. An input whose signals are absent
+contributes nothing and is reported with value None; when no input of the mode has data the score is
+None (unknown).
 
 The *leading inputs* are the inputs with a positive contribution, largest first: what an operator
 reads to see why the risk is high. `Assessment.summary` names them with their values.
@@ -75,7 +85,15 @@ from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from core import signals as sig
-from core.risk_windows import Points, mean, rolling_best, slope_per_min, window
+from core.risk_symptoms import (
+    ENGINE_SYMPTOM_SIGNALS,
+    drop,
+    engine_symptoms,
+    gated,
+    missed_tokens_per_s,
+    present,
+)
+from core.risk_windows import Points, mean, slope_per_min, window
 
 Mode = Literal["sidecar", "engine"]
 MODES: tuple[Mode, ...] = ("sidecar", "engine")
@@ -325,99 +343,54 @@ def ramp(value: float | None, lo: float, hi: float) -> float:
     return (value - lo) / (hi - lo)
 
 
-def _drop(pts: list[tuple[float, float]], now: float, s: RiskSettings) -> float | None:
-    """How far the last ``level_s`` mean sits below the best ``level_s`` mean of the reference window."""
-    recent = mean([p for p in pts if p[0] > now - s.level_s])
-    best = rolling_best(pts, s.level_s)
-    if recent is None or best is None:
-        return None
-    return max(0.0, best - recent)
-
-
 # ------------------------------------------------------------------ the model
-def _missed(points: Points, now: float, s: RiskSettings, *, sidecar: bool) -> float | None:
-    start = now - s.level_s
-    prompt = window(points, sig.PROMPT_TOKENS_PER_S, start, now)
-    cached = dict(window(points, sig.CACHED_TOKENS_PER_S, start, now))
-    engine = [p - cached[t] for t, p in prompt if t in cached]
-    if engine:
-        return sum(engine) / len(engine)
-    if not sidecar:
-        return None
-    turns = mean(window(points, sig.TURNS_PER_S, start, now))
-    rt = mean(window(points, sig.TOKEN_WEIGHTED, start, now))
-    demand = mean(window(points, sig.DEMAND_TOKENS, start, now))
-    admitted = mean(window(points, sig.ADMITTED, start, now))
-    if turns is None or rt is None or demand is None or not admitted:
-        return None
-    return turns * (demand / admitted) * (1.0 - rt)
-
-
-def _engine_hit_drop(points: Points, now: float, s: RiskSettings) -> float | None:
-    ref_start = now - s.reference_s
-    hits = window(points, sig.PREFIX_CACHE_HITS_PER_S, ref_start, now)
-    queries = dict(window(points, sig.PREFIX_CACHE_QUERIES_PER_S, ref_start, now))
-    pairs = [(t, h, queries[t]) for t, h in hits if t in queries]
-    if not pairs:
-        return _drop(window(points, sig.ENGINE_HIT_RATIO, ref_start, now), now, s)
-    # ratio of sums over each trailing level_s window, at every point
-    ratios: list[tuple[float, float]] = []
-    lo = 0
-    h_acc = q_acc = 0.0
-    for t, h, q in pairs:
-        h_acc += h
-        q_acc += q
-        while pairs[lo][0] <= t - s.level_s:
-            h_acc -= pairs[lo][1]
-            q_acc -= pairs[lo][2]
-            lo += 1
-        if q_acc > 0:
-            ratios.append((t, h_acc / q_acc))
-    if not ratios:
-        return None
-    best = max(v for _, v in ratios)
-    return max(0.0, best - ratios[-1][1]) if ratios[-1][0] > now - s.level_s else None
-
-
 def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str, float | None]:
     level = now - s.level_s
     trend = now - s.trend_s
     ref = now - s.reference_s
     out: dict[str, float | None] = {}
     if mode == "sidecar":
-        demand = mean(window(points, sig.DEMAND_FRACTION, level, now))
-        out["kv_demand"] = demand
-        above = demand is not None and demand >= s.demand_trend_floor
+        now_demand = mean(window(points, sig.DEMAND_FRACTION, level, now))
         growth = slope_per_min(window(points, sig.DEMAND_FRACTION, trend, now))
+        near_now = now_demand is not None and now_demand >= s.demand_trend_floor
         projected = mean(window(points, sig.PROJECTED_DEMAND_FRACTION, level, now))
-        if projected is None and demand is not None and growth is not None:
-            projected = demand + growth * s.projection_horizon_s / 60.0
+        if projected is None and now_demand is not None:
+            # the fallback extrapolates only near the pool (a system filling from far below is not
+            # overflowing: at a sidecar's start, demand rising from 0 would extrapolate past the pool)
+            projected = now_demand + (growth * s.projection_horizon_s / 60.0 if near_now and growth else 0.0)
         out["demand_projection"] = projected
-        out["demand_trend"] = None if growth is None or demand is None else (growth if above else 0.0)
+        # the overflow that evicts is the one that lasts: demand the projection sees leaving within the
+        # horizon (sessions at their last turns) is not counted
+        demand = now_demand if now_demand is None or projected is None else min(now_demand, projected)
+        out["kv_demand"] = demand
+        near = demand is not None and demand >= s.demand_trend_floor
+        out["demand_trend"] = None if growth is None or demand is None else (growth if near else 0.0)
         flow = slope_per_min(window(points, sig.SESSIONS_IN_SYSTEM, trend, now))
-        out["session_flow"] = None if flow is None or demand is None else (flow if above else 0.0)
-        missed = _missed(points, now, s, sidecar=True)
-        out["missed_prefill"] = None if missed is None else missed / s.prefill_capacity_tokens_per_s
-        out["rt_trend"] = _drop(window(points, sig.TOKEN_WEIGHTED, ref, now), now, s)
+        out["session_flow"] = None if flow is None or demand is None else (flow if near else 0.0)
+        # symptoms count only near the pool: below it every admitted prefix fits, so misses are cold
+        # or one-off (a flush) and heal on the next turn
+        missed = missed_tokens_per_s(points, now, s, sidecar=True)
+        out["missed_prefill"] = gated(
+            None if missed is None else missed / s.prefill_capacity_tokens_per_s, near
+        )
+        if near:
+            out["rt_trend"] = drop(window(points, sig.TOKEN_WEIGHTED, ref, now), now, s)
+        else:
+            out["rt_trend"] = 0.0 if present(points, (sig.TOKEN_WEIGHTED,), level, now) else None
         return out
-    out["kv_usage"] = mean(window(points, sig.KV_USAGE, level, now))
+    kv = mean(window(points, sig.KV_USAGE, level, now))
+    out["kv_usage"] = kv
     out["queue"] = mean(window(points, sig.REQUESTS_WAITING, level, now))
     out["queue_growth"] = slope_per_min(window(points, sig.REQUESTS_WAITING, trend, now))
     out["preemptions"] = mean(window(points, sig.PREEMPTIONS_PER_S, level, now))
-    out["hit_trend"] = _engine_hit_drop(points, now, s)
-    missed = _missed(points, now, s, sidecar=False)
-    out["missed_prefill"] = None if missed is None else missed / s.prefill_capacity_tokens_per_s
-    gen = window(points, sig.GENERATION_TOKENS_PER_S, ref, now)
-    drop = _drop(gen, now, s)
-    if drop is not None:
-        best = rolling_best(gen, s.level_s) or 0.0
-        drop = drop / best if best > 0 else 0.0
-        prompt = window(points, sig.PROMPT_TOKENS_PER_S, ref, now)
-        prompt_drop = _drop(prompt, now, s)
-        prompt_best = rolling_best(prompt, s.level_s) or 0.0
-        if prompt_drop is not None and prompt_best > 0 and prompt_drop / prompt_best >= drop:
-            drop = 0.0  # less work offered, not a symptom
-    out["throughput"] = drop
+    # symptoms count only while the pool is under pressure (kv_usage at kv_lo or above, or requests
+    # waiting, queue_lo or more): misses with room in the pool are cold or one-off (a flush), not evictions
+    queue = out["queue"]
+    if (kv is not None and kv >= s.kv_lo) or (queue is not None and queue >= s.queue_lo):
+        out.update(engine_symptoms(points, now, s))
+    else:  # 0, or None without data (not computed: the collectors judge every scrape)
+        for name, signals in ENGINE_SYMPTOM_SIGNALS.items():
+            out[name] = 0.0 if present(points, signals, level, now) else None
     return out
 
 

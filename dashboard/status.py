@@ -105,6 +105,17 @@ def age_text(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f} d ago"
 
 
+def last_hit_text(ts: float | None, now: float) -> str:
+    """A subtree's last completed turn, as "N s ago"; "never" when it has none.
+
+    The sidecar's tracker reports ``last_seen`` 0 for a subtree it knows only from a turn still in
+    flight (``SubtreeTracker.begin``) or from a gate request; that is "never", not 56 years ago.
+    """
+    if ts is None or ts != ts or ts <= 0:
+        return "never"
+    return age_text(now - ts)
+
+
 def duration_text(seconds: float | None) -> str:
     """A duration in words ("42 s", "12 min", "3.5 h")."""
     return "-" if seconds is None else age_text(seconds).removesuffix(" ago")

@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboard import actions, charts, data
 from dashboard.auth import current_operator, signed_out_reason
-from dashboard.status import age_text
+from dashboard.status import age_text, last_hit_text
 from dashboard.timerange import time_control
 from dashboard.ui import escape_md, fmt_ts, max_gap_for, open_sidecar_page
 
@@ -122,10 +122,7 @@ def gate_panel() -> None:
                 "pinned (top-K)": subtrees["pinned"].fillna(False).astype(bool),
                 # no sidecar reports a subtree's length today (GET /subtrees): say so rather than "None"
                 "tokens": ["not reported" if pd.isna(t) else f"{int(t):,}" for t in subtrees["tokens"]],
-                "last hit": [
-                    age_text(now - t) if t == t and t is not None else "never"
-                    for t in subtrees["last_hit_ts"]
-                ],
+                "last hit": [last_hit_text(t, now) for t in subtrees["last_hit_ts"]],
             }
         )
         st.dataframe(shown, hide_index=True, width="stretch", key="compaction_subtrees")

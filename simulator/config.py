@@ -179,7 +179,7 @@ class RagWorkload:
     rag_system_tokens: int = 1000  # preamble included
     doc_sets: int = 8  # a small set of document sets (subtrees)
     doc_tokens: int = 5000  # with the system prompt: the ~6K-token shared prefix
-    doc_zipf: float = 2.2  # popularity skew over document sets: two or three hot ones, the rest rarely used
+    doc_zipf: float = 2.6  # popularity skew over document sets: two hot ones, the rest rarely used
     suffix_tokens: int = 1700  # unique question + extra retrieved text
     cold_fraction: float = 0.06  # requests that share no prefix at all (other tenants)
     rag_output_tokens: int = 100

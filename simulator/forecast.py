@@ -56,7 +56,7 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   queue and behind other prefills), not per-token cost; its decode steps are
   long because each carries a chunk of recomputed prefill, which this identity
   charges to ``alpha``. ``beta`` (attention) and offload loads are folded into
-  ``alpha`` (0 here: not separable from these signals).
+  ``alpha`` (0 here: not separable from these signals; docs/dashboard.md measures what that costs).
 
 * ``turn_overhead``: the part of a turn's latency, as the sidecar measures it
   (``latency_s``: forwarded to answered), that the engine's own clock does not

@@ -17,7 +17,12 @@ For each seed, on loopback ports of its own:
    ``PARKED_TOLERANCE`` of what happened or ``PARKED_MIN_SESSIONS``, whichever is larger.
 
 The simulated engine's lag behind wall-clock time (``/sim/state``) is reported: a machine too busy
-to keep the engine at its time scale runs a slower engine than the one the collectors recorded.
+to keep the engine at its time scale runs a slower engine than the one the collectors recorded. So are
+the preview's inputs that matter most here: the recorded arrival rate and the turn overhead
+(``simulator.forecast.turn_overhead``). ``--truth`` also runs the preview's inputs with the simulated
+engine's own cost model (``simulator.config.CostModel`` at ``--speed``, in wall seconds): the same
+sessions and draws on the real engine's costs, so ``truth_speed_ratio`` (the preview's turns/s over
+that run's) says how much too fast or slow the estimated cost model is, apart from everything else.
 Prints one JSON object per seed and a summary line; exits 1 when a seed misses the tolerance, 2 when
 the system could not be run.
 """
@@ -119,6 +124,24 @@ def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, A
     return job, {"state_age_s": round(time.time() - side["ts"], 1), "note": note}
 
 
+def true_cost_preview(job: Any, speed: float) -> dict[str, Any]:
+    """The preview of ``MODE`` again on the same inputs and seed with the simulated engine's own cost model."""
+    import dataclasses
+
+    from simulator.config import CostModel
+    from simulator.forecast_run import run_forecast
+
+    true = CostModel(**{f.name: getattr(CostModel(), f.name) / speed for f in dataclasses.fields(CostModel)})
+    s = run_forecast(dataclasses.replace(job.inputs, cost=true), job.configs[1], job.minutes, job.seed)[
+        "summary"
+    ]
+    est = job.results[1]["summary"]["turns_per_s"]
+    return {
+        "preview_truth": {k: s[k] for k in ("r_t", "turns_per_s", "parked_end", "p95_turn_latency_s")},
+        "truth_speed_ratio": round(est / s["turns_per_s"], 3) if s["turns_per_s"] else None,
+    }
+
+
 def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -> dict[str, Any]:
     """One seed of the protocol (module doc); the system it starts is stopped before it returns."""
     from demo.services import wait_ready
@@ -189,6 +212,7 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             k: prop[k] for k in ("r_t", "turns_per_s", "parked_end", "parked_mean", "p95_turn_latency_s")
         }
         cost = job.inputs.cost
+        truth = true_cost_preview(job, args.speed) if args.truth else {}
         return {
             "seed": seed,
             "speed": args.speed,
@@ -205,6 +229,9 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
                 for k in ("step_overhead_s", "prefill_per_token_s", "decode_per_ctx_token_s")
             },
             "sessions_at_start": len(job.inputs.sessions),
+            "arrivals_per_min": round(job.inputs.shapes.arrival_rate * 60, 2),
+            "turn_overhead_s": round(job.inputs.turn_overhead_s, 3),
+            **truth,
             "engine_lag_max_s": max(lags, default=None),
             **info,
         }
@@ -229,6 +256,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "fresh install: the cost model is estimated from recorded latencies)",
     )
     p.add_argument("--parallel", action="store_true", help="run the seeds at once (ports of their own)")
+    p.add_argument(
+        "--truth",
+        action="store_true",
+        help="also run the preview's inputs with the simulated engine's own cost model (how far the "
+        "estimated one is from it)",
+    )
     p.add_argument("--base-port", type=int, default=18400, help="seed i uses base+2i and base+2i+1")
     p.add_argument("--data-dir", type=Path, default=Path("data/forecast-validate"))
     p.add_argument("--json", type=Path, default=None, help="also write the results here")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from core import risk
@@ -164,12 +166,103 @@ def test_demand_trend_and_flow_only_count_near_the_pool():
     assert x["demand_trend"].value == 0.0 and x["session_flow"].value == 0.0
 
 
+def test_the_fallback_extrapolates_demand_only_near_the_pool():
+    # no projection reported; demand rising 0.3/min from far below the pool (a sidecar's start): the
+    # projection is today's level, not level + slope x horizon (0.55 + 0.3 = 0.85 would be the extrapolation)
+    pts = points(120, **{sig.DEMAND_FRACTION: lambda t: t / 200})
+    x = by_name(assess(pts, 120.0, "sidecar", S))
+    assert x["demand_projection"].value == pytest.approx(round(105.5 / 200, 4))  # the 30-s mean
+    # the same slope near the pool (30-s mean 0.9275): extrapolated over the 60-s horizon
+    pts = points(120, **{sig.DEMAND_FRACTION: lambda t: 1.0 + (t - 120) / 200})
+    x = by_name(assess(pts, 120.0, "sidecar", S))
+    assert x["demand_projection"].value == pytest.approx(round(1.0 - 14.5 / 200 + 0.3, 4))
+
+
+def test_an_overflow_the_projection_sees_ending_is_not_counted():
+    # demand 1.2 of the pool now, growing +0.2/min, sessions +2/min, but the sidecar projects 0.85 in a
+    # minute (sessions at their last turns): kv_demand is the lasting part (0.85), below the pool; the
+    # trend, the flow and the symptoms count only near the pool, so nothing counts
+    pts = points(
+        120,
+        **{
+            sig.DEMAND_FRACTION: lambda t: 1.2 + (t - 105.5) / 300,
+            sig.PROJECTED_DEMAND_FRACTION: 0.85,
+            sig.SESSIONS_IN_SYSTEM: lambda t: t / 30,
+            sig.PROMPT_TOKENS_PER_S: 9000,
+            sig.CACHED_TOKENS_PER_S: 1000,
+            sig.TOKEN_WEIGHTED: 0.6,
+        },
+    )
+    a = assess(pts, 120.0, "sidecar", S)
+    x = by_name(a)
+    assert x["kv_demand"].value == 0.85 and x["kv_demand"].contribution == 0.0
+    assert x["demand_trend"].value == 0.0 and x["session_flow"].value == 0.0
+    assert x["missed_prefill"].value == 0.0 and x["rt_trend"].value == 0.0
+    assert a.score == 0.0
+    # projected above today's demand (a burst of young sessions): kv_demand is today's, 1.2 (pressure 0.8)
+    # and the others count: +0.2/min (0.25), +2/min (0.125), 8000 missed tokens/s of 10000 (0.5)
+    pts = [(t, {**v, sig.PROJECTED_DEMAND_FRACTION: 1.3}) for t, v in pts]
+    x = by_name(assess(pts, 120.0, "sidecar", S))
+    assert x["kv_demand"].value == pytest.approx(1.2) and x["kv_demand"].contribution == pytest.approx(0.4)
+    assert x["demand_trend"].contribution == 0.25 and x["session_flow"].contribution == 0.125
+    assert x["missed_prefill"].value == pytest.approx(0.8) and x["missed_prefill"].contribution == 0.5
+
+
+def test_sidecar_symptoms_count_only_near_the_pool():
+    # a prefix-cache flush under the pool: every turn misses for a while and R_t falls 0.3, with the
+    # admitted demand at 0.7 of the pool; the misses heal on the next turn, so they do not count
+    flush = {
+        sig.PROMPT_TOKENS_PER_S: lambda t: 9000 if t > 270 else 5000,
+        sig.CACHED_TOKENS_PER_S: lambda t: 1000 if t > 270 else 4500,
+        sig.TOKEN_WEIGHTED: lambda t: 0.6 if t > 270 else 0.9,
+    }
+    x = by_name(assess(points(300, **{sig.DEMAND_FRACTION: 0.7, **flush}), 300.0, "sidecar", S))
+    assert x["missed_prefill"].value == 0.0 and x["rt_trend"].value == 0.0
+    # the same at 0.92 of the pool (above demand_trend_floor, 0.9): they count
+    x = by_name(assess(points(300, **{sig.DEMAND_FRACTION: 0.92, **flush}), 300.0, "sidecar", S))
+    assert x["missed_prefill"].value == pytest.approx(0.8) and x["missed_prefill"].contribution == 0.5
+    assert x["rt_trend"].value == pytest.approx(0.3) and x["rt_trend"].contribution == pytest.approx(0.125)
+
+
+def test_engine_symptoms_count_only_while_the_pool_is_under_pressure():
+    # the engine's view of a flush: the hit ratio falls 0.4, 8000 missed tokens/s, generation falls
+    # 30%, with running requests holding 0.6 of the blocks (under kv_lo, 0.8 here): nothing counts
+    flush = {
+        sig.PREFIX_CACHE_QUERIES_PER_S: 10_000,
+        sig.PREFIX_CACHE_HITS_PER_S: lambda t: 9000 if t <= 270 else 5000,
+        sig.PROMPT_TOKENS_PER_S: 10_000,
+        sig.CACHED_TOKENS_PER_S: lambda t: 9000 if t <= 270 else 2000,
+        sig.GENERATION_TOKENS_PER_S: lambda t: 1000 if t <= 270 else 700,
+    }
+    a = assess(points(300, **{sig.KV_USAGE: 0.6, **flush}), 300.0, "engine", S)
+    x = by_name(a)
+    assert x["hit_trend"].value == 0.0 and x["missed_prefill"].value == 0.0 and x["throughput"].value == 0.0
+    assert a.score == 0.0
+    # at kv_lo they count
+    x = by_name(assess(points(300, **{sig.KV_USAGE: 0.8, **flush}), 300.0, "engine", S))
+    assert x["hit_trend"].value == pytest.approx(0.4) and x["hit_trend"].contribution == pytest.approx(0.375)
+    assert x["missed_prefill"].value == pytest.approx(0.8) and x["throughput"].value == pytest.approx(0.3)
+    # so they do with room in the pool but requests waiting for it (queue mean at queue_lo or above)
+    q3 = dataclasses.replace(S, queue_lo=3.0)
+    x = by_name(
+        assess(points(300, **{sig.KV_USAGE: 0.6, sig.REQUESTS_WAITING: 3, **flush}), 300.0, "engine", q3)
+    )
+    assert x["missed_prefill"].value == pytest.approx(0.8) and x["missed_prefill"].contribution == 0.5
+    x = by_name(
+        assess(points(300, **{sig.KV_USAGE: 0.6, sig.REQUESTS_WAITING: 2, **flush}), 300.0, "engine", q3)
+    )
+    assert x["missed_prefill"].value == 0.0
+    # no kv_usage, no queue reported: the cause is unknown, the symptoms do not count
+    x = by_name(assess(points(300, **flush), 300.0, "engine", S))
+    assert x["kv_usage"].value is None and x["missed_prefill"].value == 0.0
+
+
 def test_sidecar_estimates_missed_tokens_without_engine_counters():
     # 2 turns/s x (400000 demand / 20 admitted = 20000 tokens a turn) x (1 - 0.75) = 10000 tokens/s
     pts = points(
         60,
         **{
-            sig.DEMAND_FRACTION: 0.8,
+            sig.DEMAND_FRACTION: 0.95,  # near the pool: the symptom counts
             sig.TURNS_PER_S: 2.0,
             sig.DEMAND_TOKENS: 400_000,
             sig.ADMITTED: 20,
@@ -182,7 +275,7 @@ def test_sidecar_estimates_missed_tokens_without_engine_counters():
 
 
 def test_rt_trend_is_the_fall_from_the_best_recent_level():
-    pts = points(300, **{sig.DEMAND_FRACTION: 0.5, sig.TOKEN_WEIGHTED: lambda t: 0.9 if t <= 270 else 0.6})
+    pts = points(300, **{sig.DEMAND_FRACTION: 0.95, sig.TOKEN_WEIGHTED: lambda t: 0.9 if t <= 270 else 0.6})
     x = by_name(assess(pts, 300.0, "sidecar", S))
     assert x["rt_trend"].value == pytest.approx(0.3)
     assert x["rt_trend"].pressure == pytest.approx(0.5)
@@ -222,6 +315,7 @@ def test_throughput_fall_with_less_work_offered_is_not_a_symptom():
     pts = points(
         300,
         **{
+            sig.KV_USAGE: 0.9,  # the pool under pressure: a symptom would count
             sig.GENERATION_TOKENS_PER_S: lambda t: 1000 if t <= 270 else 500,
             sig.PROMPT_TOKENS_PER_S: lambda t: 10_000 if t <= 270 else 4000,
             sig.CACHED_TOKENS_PER_S: lambda t: 9000 if t <= 270 else 3600,
@@ -232,7 +326,7 @@ def test_throughput_fall_with_less_work_offered_is_not_a_symptom():
 
 
 def test_engine_hit_trend_falls_back_to_the_ratio_signal():
-    pts = points(300, **{sig.ENGINE_HIT_RATIO: lambda t: 0.8 if t <= 270 else 0.4})
+    pts = points(300, **{sig.KV_USAGE: 0.9, sig.ENGINE_HIT_RATIO: lambda t: 0.8 if t <= 270 else 0.4})
     x = by_name(assess(pts, 300.0, "engine", S))
     assert x["hit_trend"].value == pytest.approx(0.4) and x["hit_trend"].pressure == 0.75
 

@@ -11,7 +11,7 @@ from core.budgeter import BudgeterConfig
 from dashboard import preview as pv
 from dashboard.frames import EngineRef, TargetHealth, combine_ranks
 from dashboard.settings import Settings, SettingsError
-from dashboard.status import engine_status
+from dashboard.status import engine_status, last_hit_text
 from dashboard.ui import escape_md
 
 
@@ -160,3 +160,14 @@ def test_forecast_fit_file_is_used_only_for_the_engine_it_names(tmp_path) -> Non
     assert (
         fit_of(str(path), "http://e:8000")[1] == f"PREFIXOPS_FIT={path} is not a `simulator fit` file ('set')"
     )
+
+
+def test_a_subtree_with_no_completed_turn_was_never_hit() -> None:
+    # the tracker reports last_seen 0 for a subtree known only from a turn in flight: the Compaction page
+    # showed "20788.8 d ago" for it in the rag demo
+    now = 1_796_153_000.0
+    assert last_hit_text(0.0, now) == "never"
+    assert last_hit_text(None, now) == "never"
+    assert last_hit_text(float("nan"), now) == "never"
+    assert last_hit_text(now - 4.0, now) == "4 s ago"
+    assert last_hit_text(now - 600.0, now) == "10 min ago"

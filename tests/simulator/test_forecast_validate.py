@@ -30,3 +30,36 @@ def test_actual_r_t_is_token_weighted_over_ok_turns() -> None:
     ]
     assert actual_r_t(turns) == round(3900 / 4000, 4)
     assert actual_r_t([]) is None
+
+
+def test_the_truth_run_is_the_same_preview_on_the_simulated_engines_own_cost_model() -> None:
+    import dataclasses
+    from types import SimpleNamespace
+
+    from core.budgeter import BudgeterConfig
+    from simulator.config import CostModel, EngineConfig
+    from simulator.forecast import ForecastInputs, Shapes, StartSession
+    from simulator.forecast_run import run_forecast
+    from simulator.forecast_validate import true_cost_preview
+
+    speed = 10.0
+    truth = CostModel(**{f.name: getattr(CostModel(), f.name) / speed for f in dataclasses.fields(CostModel)})
+    inputs = ForecastInputs(
+        engine=EngineConfig(pool_tokens=100_000),
+        cost=CostModel(0.01, 1e-5, 0.0, 1e-8, 0.0),  # the estimate: slower than the truth at x10
+        cost_source="latencies",
+        sessions=(StartSession("s", "admitted", 5000, 1),),
+        shapes=Shapes(0.0, (), (100,), (10,), (1.0,), (10_000,), 0, 10),
+        output_budget=10,
+    )
+    park = BudgeterConfig(mode="budgeter-park")
+    est = run_forecast(inputs, park, 1, 0)
+    on_truth = run_forecast(dataclasses.replace(inputs, cost=truth), park, 1, 0)["summary"]
+    job = SimpleNamespace(
+        inputs=inputs, configs=(BudgeterConfig(), park), minutes=1, seed=0, results=[{}, est]
+    )
+    out = true_cost_preview(job, speed)
+    assert out["preview_truth"] == {
+        k: on_truth[k] for k in ("r_t", "turns_per_s", "parked_end", "p95_turn_latency_s")
+    }
+    assert out["truth_speed_ratio"] == round(est["summary"]["turns_per_s"] / on_truth["turns_per_s"], 3) < 1
