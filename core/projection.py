@@ -19,9 +19,12 @@ attributes ``turns``, ``context_tokens``, ``demand_tokens`` and ``output_budget`
   turns completed per second recently). Not each session's past pace: when the engine slows down,
   sessions stop finishing too, and a projection that assumed their past pace would see them leave.
   ``turns_per_s`` 0: nobody advances within the horizon.
-* **turns left**: ``mean_turns - n``, at least 1 (a session still in the system has its next turn);
-  unknown while no session has ended: then no session is projected to end, which overstates demand
-  rather than hiding an overflow.
+* **turns left**: ``length - n``, at least 1 (a session still in the system has its next turn), where
+  ``length`` is ``mean_turns``. While no session has ended (``mean_turns`` None) the only basis is a
+  lower bound: every session lasts at least as long as the oldest admitted one so far, which has
+  not ended, so ``length`` is the largest ``turns`` of the admitted sessions plus 1 (its next turn).
+  (Projecting that nobody ends, as before, made the projection alone reach full pressure
+  at start-up, its weight equal to the warning threshold: false alarms minutes before any overflow.)
 * a session whose turns left fit in ``horizon_s / period`` ends within the horizon and contributes
   nothing; any other contributes ``demand_tokens + g * horizon_s / period``.
 * **arrivals**: the sessions that arrived in the last ``arrival_window_s`` give a rate; the
@@ -69,6 +72,13 @@ def growth_per_turn(sessions: Sequence[SessionView]) -> tuple[float, float]:
     return slope, mc - slope * (mn - 1.0)
 
 
+def session_length(sessions: Sequence[SessionView], mean_turns: float | None) -> float:
+    """Turns a session is expected to last: ``mean_turns``, else the oldest admitted session's turns + 1."""
+    if mean_turns is not None:
+        return mean_turns
+    return max((s.turns for s in sessions), default=0) + 1.0
+
+
 def projected_demand(
     sessions: Iterable[SessionView],
     arrivals: Iterable[float],
@@ -86,9 +96,10 @@ def projected_demand(
     adm = list(sessions)
     g, first = growth_per_turn(adm)
     ahead = horizon_s * max(0.0, turns_per_s) / len(adm) if adm else 0.0  # turns per session
+    length = session_length(adm, mean_turns)
     total = 0.0
     for s in adm:
-        if mean_turns is not None and ahead > 0 and max(mean_turns - s.turns, 1.0) <= ahead:
+        if ahead > 0 and max(length - s.turns, 1.0) <= ahead:
             continue  # ends within the horizon: its demand leaves
         total += s.demand_tokens + g * ahead
     budget = sum(s.output_budget for s in adm) / len(adm) if adm else 0.0

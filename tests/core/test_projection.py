@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from core.budgeter import Budgeter, BudgeterConfig
-from core.projection import growth_per_turn, projected_demand
+from core.projection import growth_per_turn, projected_demand, session_length
 
 
 def sess(turns, context, demand, budget=1000):
@@ -35,9 +35,20 @@ def test_sessions_due_to_end_leave_and_the_others_grow_at_the_current_pace():
     assert projected_demand([A, B, C], [95.0, 30.0, 20.0], 5.0, 0.1, 100.0, 60.0) == pytest.approx(28000.0)
 
 
-def test_unknown_session_length_ends_nobody_and_a_stalled_engine_advances_nobody():
-    # no session has ended yet: B stays too (11000 + 2 turns x 1000)
-    assert projected_demand([A, B, C], [95.0, 30.0, 20.0], None, 0.1, 100.0, 60.0) == pytest.approx(41000.0)
+def test_before_any_session_ended_sessions_last_as_long_as_the_oldest_so_far():
+    # no session has ended yet: the oldest admitted one, B, has 4 turns and its next, so sessions last
+    # at least 5: A has 3 left (stays, 11000), B 1 (ends), C 5 (stays, 9000); arrivals 8000, as with 5.0
+    assert session_length([A, B, C], None) == 5.0
+    assert session_length([A, B, C], 7.5) == 7.5
+    assert session_length([], None) == 1.0
+    assert projected_demand([A, B, C], [95.0, 30.0, 20.0], None, 0.1, 100.0, 60.0) == pytest.approx(28000.0)
+    # sessions all on their first turn: each has its next turn, 1 left, and leaves if a turn fits
+    young = [sess(0, 0, 7000), sess(0, 0, 5000)]
+    assert projected_demand(young, [], None, 0.1, 100.0, 60.0) == 0.0
+    assert projected_demand(young, [], None, 0.01, 100.0, 60.0) == pytest.approx(12000.0)  # 0.3 turns each
+
+
+def test_a_stalled_engine_advances_nobody():
     # no turn completes: today's demand plus the arrivals
     assert projected_demand([A, B, C], [95.0], 5.0, 0.0, 100.0, 60.0) == pytest.approx(27000.0 + 8000.0)
 
