@@ -21,6 +21,7 @@
     .venv/bin/python bench/bench_dashboard.py            # both; prints JSON, writes bench/out/dashboard.json
     .venv/bin/python bench/bench_dashboard.py --skip-freshness --runs 7
     .venv/bin/python bench/bench_dashboard.py --skip-freshness --skip-build-time   # the Overview only
+    .venv/bin/python bench/bench_dashboard.py --live-under-load --runs 2 --busy 8  # charts drawn under load
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from bench.build_bench_db import build_bench_db  # noqa: E402
 OUT = REPO / "bench" / "out"
 CAPTURE = REPO / "tests" / "fixtures" / "engine-metrics" / "vllm-0.33.0-statlogger.prom"
 SPANS = {"15m": 900.0, "24h": 86400.0, "7d": 7 * 86400.0}
+# the last commit whose live panels refreshed at a fixed interval (st.fragment(run_every=2 s))
+LIVE_BASELINE_REF = "28d7653"
 WAITING_RE = re.compile(r"^(vllm:num_requests_waiting\{[^}]*\}) \S+$", re.MULTILINE)
 
 
@@ -271,7 +274,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-overview", action="store_true")
     p.add_argument("--fleet-engines", type=int, default=200)
     p.add_argument("--fleet-db", default=str(OUT / "fleet200.db"))
+    p.add_argument(
+        "--live-under-load",
+        action="store_true",
+        help="only the live Engine page in Chromium on a loaded machine, against --baseline-ref (dashboard_load.py)",
+    )
+    p.add_argument("--baseline-ref", default=LIVE_BASELINE_REF)
+    p.add_argument("--busy", type=int, default=8, help="busy loops at nice 0 during --live-under-load")
+    p.add_argument("--seconds", type=float, default=90.0, help="how long each page is watched")
     args = p.parse_args(argv)
+    if args.live_under_load:
+        from bench.dashboard_load import live_under_load
+
+        load = live_under_load(args.baseline_ref, args.busy, args.seconds, args.runs)
+        load["load_avg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "dashboard-load.json").write_text(json.dumps(load, indent=2))
+        print(json.dumps({k: v for k, v in load.items() if k != "runs"}, indent=2))
+        return 0
     url = f"sqlite:///{Path(args.db).resolve()}"
     result: dict[str, Any] = {
         "cpus": os.cpu_count(),

@@ -7,9 +7,10 @@ and fleet charts as distributions across engines.
   scrape (engine and sidecar apart).
 - `sort_rows`: worst state first, then lowest R_t, then natural name order.
 - `matches`: the filter by name or ``key=value`` label.
-- `table_text`: the number columns as the table shows them, a blank where a value is unknown (Streamlit
-  draws a missing number as "None", which reads like a value); `NUMBER_COLUMNS` says how each is
-  formatted and, in its help text, where it comes from and what a blank means.
+- `table_numbers`: the number columns as float columns, NaN where a value is unknown, so the table sorts
+  them as numbers (negative D included); the page draws NaN as a blank cell (`st.dataframe(placeholder="")`,
+  not "None", which reads like a value). `NUMBER_COLUMNS` says how each is formatted and, in its help
+  text, where it comes from and what a blank means.
 - `quantile_frame`: p10/p50/p90 of a signal across engines per time bucket; `worst`: the few engines
   drawn on top of the distribution.
 """
@@ -46,24 +47,19 @@ NUMBER_COLUMNS: dict[str, tuple[str, str]] = {
 }
 
 
-def number_text(value: Any, fmt: str) -> str:
-    """``value`` formatted by ``fmt`` (printf-style, or "percent"); "" when unknown (None or NaN)."""
-    if value is None or value != value:
-        return ""
-    return f"{value:.0%}" if fmt == "percent" else fmt % value
-
-
-def table_text(table: pd.DataFrame, formats: Mapping[str, str]) -> pd.DataFrame:
-    """The columns of ``table`` named in ``formats`` as text (`number_text`), right-justified to one width
-    per column so that sorting the text sorts the non-negative numbers (the padding is invisible
-    in a right-aligned column)."""
+def table_numbers(table: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
+    """``table`` with each of ``columns`` it has as a float column, NaN where the value is unknown
+    (None, NaN or not a number), so that sorting the column sorts the numbers."""
     out = table.copy()
-    for column, fmt in formats.items():
+    for column in columns:
         if column in out:
-            cells = [number_text(v, fmt) for v in out[column]]
-            width = max((len(c) for c in cells), default=0)
-            out[column] = [c.rjust(width) for c in cells]
+            out[column] = pd.to_numeric(out[column], errors="coerce").astype("float64")
     return out
+
+
+def column_format(fmt: str) -> str:
+    """A `NUMBER_COLUMNS` format as `st.column_config.NumberColumn` takes it ("percent": 0.5 -> 50%)."""
+    return "percent" if fmt == "percent" else fmt
 
 
 def _num(value: Any) -> float | None:

@@ -9,7 +9,7 @@ sidecar's `regime_enter`), not a setting: one source for every policy default.
 | variable | default | meaning |
 |---|---|---|
 | PREFIXOPS_DATABASE_URL | sqlite:///data/prefixops.db | database the collectors write (`DATABASE_URL` still read when unset) |
-| PREFIXOPS_REFRESH_SECONDS | 2 | live panels' refresh interval (also the cache ttl) |
+| PREFIXOPS_REFRESH_SECONDS | 2 | live panels' refresh interval (also the cache ttl); slower while a page draws slower (`dashboard.live`) |
 | PREFIXOPS_STALE_SECONDS | 10 | a target whose last good scrape is older is shown stale |
 | PREFIXOPS_HEARTBEAT_STALE_SECONDS | 15 | the collectors' heartbeat older than this: collectors down |
 | PREFIXOPS_CACHED_TOKEN_PRICE | 0.1 | price of a cached prompt token relative to an uncached one |

@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from core.alerts import RULES
-from dashboard import actions, data
+from dashboard import actions, data, live
 from dashboard import alert_cards as cards
 from dashboard import frames as q
 from dashboard.auth import current_operator, signed_out_reason
@@ -168,7 +168,6 @@ def _expire(row: pd.Series) -> None:
     st.rerun()
 
 
-@st.fragment(run_every=settings.refresh_seconds)
 def firing_panel() -> None:
     now = time.time()
     try:
@@ -239,7 +238,7 @@ def firing_panel() -> None:
                 _expire(row)
 
 
-firing_panel()
+live.live_panel("alerts", settings, True, firing_panel)
 
 st.subheader("Silence a rule on an engine")
 known_rules = list(RULES)  # every rule the collectors evaluate, seen or not (a silence may precede an alert)

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, live
 from dashboard.settings import Settings
 from dashboard.timerange import time_control
 from dashboard.ui import csv_safe, ensure_router, fmt_ts, require_database
@@ -65,7 +65,6 @@ def audit_table(now: float) -> pd.DataFrame:
     )
 
 
-@st.fragment(run_every=settings.refresh_seconds if window.live else None)
 def audit_panel() -> None:
     now = time.time()
     try:
@@ -87,4 +86,4 @@ def audit_panel() -> None:
     )
 
 
-audit_panel()
+live.live_panel("audit", settings, window.live, audit_panel)

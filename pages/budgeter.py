@@ -46,15 +46,19 @@ except ConfigError as exc:
     st.stop()
 pool = state.get("pool_tokens")
 demand = state.get("demand_tokens")
-cols = st.columns(5)
-cols[0].metric("Mode", current.mode)
-cols[1].metric("Low band", f"{current.low:.2f}", help="admit new or parked sessions while demand is below")
-cols[2].metric("High band", f"{current.high:.2f}", help="park at turn boundaries while demand is above")
+# The mode has a row of its own: a metric's value is never wrapped, and the longest mode ("session-cap-park")
+# in a fifth of the page was cut to "budgeter…". Demand is a fraction of the pool, like the bands beside it.
+st.metric("Mode", current.mode, help="the budgeter's control mode at the sidecar")
+cols = st.columns(4)
+cols[0].metric("Low band", f"{current.low:.2f}", help="admit new or parked sessions while demand is below")
+cols[1].metric("High band", f"{current.high:.2f}", help="park at turn boundaries while demand is above")
+cols[2].metric(
+    "Demand / pool",
+    "-" if demand is None or not pool else f"{demand / pool:.2f}",
+    help=escape_md(f"KV demand of the admitted sessions: {fmt_tokens(demand)} tokens of {fmt_tokens(pool)}"),
+)
 cols[3].metric(
     "KV pool", fmt_tokens(pool), help=escape_md(f"source: {state.get('pool_source') or 'unknown'}")
-)
-cols[4].metric(
-    "Demand", f"{fmt_tokens(demand)}" + (f" ({demand / pool:.0%})" if demand is not None and pool else "")
 )
 if pool is None:
     st.warning(

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import actions, asof, charts, data
+from dashboard import actions, asof, charts, data, live
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text, last_hit_text
 from dashboard.timerange import time_control
@@ -20,7 +20,6 @@ sidecar_id = ref.sidecar_target_id
 window = time_control(settings, key="compaction")
 
 
-@st.fragment(run_every=settings.refresh_seconds if window.live else None)
 def gate_panel() -> None:
     now = time.time()
     w = window.moving(data.live_now(settings))
@@ -172,7 +171,7 @@ def _f(value: object) -> str:
     return f"{value:.2f}" if isinstance(value, int | float) else "-"
 
 
-gate_panel()
+live.live_panel("compaction", settings, window.live, gate_panel)
 
 st.subheader("Defer or allow")
 operator = current_operator(settings)

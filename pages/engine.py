@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import asof, charts, data, engine_view, misses
+from dashboard import asof, charts, data, engine_view, live, misses
 from dashboard import frames as q
 from dashboard import risk as risk_view
 from dashboard.settings import Settings
@@ -133,9 +133,8 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         st.dataframe(shown.drop(columns="ts"), hide_index=True, key="engine_events", width="stretch")
 
 
-@st.fragment(run_every=settings.refresh_seconds if window.live else None)
-def live_panel() -> None:
+def engine_panel() -> None:
     render(ref, window.moving(data.live_now(settings)))
 
 
-live_panel()
+live.live_panel("engine", settings, window.live, engine_panel)

@@ -9,7 +9,7 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from dashboard import asof, data, fleet, risk
+from dashboard import asof, data, fleet, live, risk
 from dashboard import fleet_charts as fc
 from dashboard import frames as q
 from dashboard.settings import Settings
@@ -25,7 +25,7 @@ url = settings.database_url
 ATTENTION_SHOWN = 8
 FLEET_POINTS = 150  # per engine and chart: distributions need the shape, not every sample
 WORST_N = 3
-# every number column, shown as text so that an unknown value is a blank (help: what a blank means)
+# every number column: numeric (sorts as numbers), an unknown value a blank cell (help: what a blank means)
 NUMBER_COLUMNS = {**fleet.NUMBER_COLUMNS, "risk": ("%.2f", risk.RISK_HELP)}
 
 window = time_control(settings, key="overview")
@@ -72,7 +72,7 @@ def fleet_state(now: float, at: float | None = None) -> list[dict]:
 
 def render_table(rows: list[dict]) -> None:
     table = pd.DataFrame([{k: v for k, v in r.items() if k not in ("ref", "status")} for r in rows])
-    table = fleet.table_text(table, {name: fmt for name, (fmt, _help) in NUMBER_COLUMNS.items()})
+    table = fleet.table_numbers(table, NUMBER_COLUMNS)
     table["oldest wait"] = [_secs(v) for v in table["oldest wait"]]
     table["oldest parked"] = [_secs(v) for v in table["oldest parked"]]
     table.insert(0, "open", [f"engine?engine={quote(r['engine'])}" for r in rows])
@@ -88,8 +88,8 @@ def render_table(rows: list[dict]) -> None:
         axis=1,
     )
     config = {
-        name: st.column_config.TextColumn(name, help=help_text, alignment="right")
-        for name, (_fmt, help_text) in NUMBER_COLUMNS.items()
+        name: st.column_config.NumberColumn(name, help=help_text, format=fleet.column_format(fmt))
+        for name, (fmt, help_text) in NUMBER_COLUMNS.items()
     }
     config.update(
         {
@@ -120,6 +120,7 @@ def render_table(rows: list[dict]) -> None:
         hide_index=True,
         width="stretch",
         column_config=config,
+        placeholder="",  # an unknown number is a blank cell, not "None"
         height=min(38 + 35 * len(table), 740),
     )
 
@@ -130,7 +131,6 @@ def _secs(value: float | None) -> str:
     return f"{value:.0f} s" if value < 120 else f"{value / 60:.0f} min"
 
 
-@st.fragment(run_every=settings.refresh_seconds)
 def fleet_panel() -> None:
     now = time.time()
     at = asof.moment(window)
@@ -167,7 +167,7 @@ def fleet_panel() -> None:
     st.caption(
         (
             f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
-            f"{settings.refresh_seconds:g} s."
+            f"{live.interval_for('overview_fleet', settings):g} s."
             if at is None
             else f"As of {fmt_ts(at)} (paused): the samples, scrapes and alerts stored for that "
             "time, ages counted to then."
@@ -321,7 +321,6 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
     )
 
 
-@st.fragment(run_every=settings.refresh_seconds if window.live else None)
 def charts_panel() -> None:
     now = time.time()
     try:
@@ -330,6 +329,6 @@ def charts_panel() -> None:
         st.error(str(exc))
 
 
-fleet_panel()
+live.live_panel("overview_fleet", settings, True, fleet_panel)
 st.subheader("Fleet charts")
-charts_panel()
+live.live_panel("overview_charts", settings, window.live, charts_panel)

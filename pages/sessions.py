@@ -7,7 +7,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import actions, data, misses
+from dashboard import actions, data, live, misses
 from dashboard import frames as q
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text
@@ -74,7 +74,6 @@ def filtered(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[keep]
 
 
-@st.fragment(run_every=settings.refresh_seconds)
 def table_panel() -> None:
     now = time.time()
     try:
@@ -110,10 +109,9 @@ def table_panel() -> None:
     )
 
 
-table_panel()
+live.live_panel("sessions_table", settings, True, table_panel)
 
 
-@st.fragment(run_every=settings.refresh_seconds)
 def misses_panel() -> None:
     st.subheader("Sessions with the most missed tokens (last hour)")
     now = data.live_now(settings)
@@ -123,7 +121,7 @@ def misses_panel() -> None:
         st.error(str(exc))
 
 
-misses_panel()
+live.live_panel("sessions_misses", settings, True, misses_panel)
 
 st.subheader("Park or unpark")
 operator = current_operator(settings)

@@ -19,9 +19,9 @@ def table_of(at) -> pd.DataFrame:
     return at.dataframe[0].value.set_index("engine")
 
 
-def number(cell: str) -> float | None:
-    """A number column's cell (text, so that an unknown value is a blank, not "None")."""
-    return float(cell.rstrip("%")) if cell.strip() else None
+def number(cell: float) -> float | None:
+    """A number column's cell (a float; NaN is an unknown value, drawn as a blank)."""
+    return None if pd.isna(cell) else float(cell)
 
 
 def test_fleet_table_worst_first_with_cause_next_step_and_counts(db_url: str) -> None:
@@ -51,9 +51,9 @@ def test_an_unknown_value_is_a_blank_with_its_reason_in_the_help(db_url: str) ->
     """The fill stores no collapse-risk samples: the risk is blank, "not computed", never "None"."""
     at = app()
     table = table_of(at)
-    assert list(table["risk"]) == ["", "", ""]
+    assert table["risk"].isna().all()
     assert list(table["risk: leading inputs"]) == ["not computed"] * 3
-    assert "None" not in table.drop(columns=["why"]).to_string()
+    assert at.dataframe[0].proto.placeholder == ""  # a missing number is drawn blank, not "None"
     assert "Blank: not computed" in risk.RISK_HELP and "not computed: no risk score yet" in risk.LEADING_HELP
     columns = json.loads(at.dataframe[0].proto.columns)
     assert columns["risk"]["help"] == risk.RISK_HELP
@@ -61,14 +61,30 @@ def test_an_unknown_value_is_a_blank_with_its_reason_in_the_help(db_url: str) ->
     assert all("Blank:" in columns[name]["help"] for name in ("R_t", "demand / pool", "KV usage", "parked"))
 
 
-def test_number_columns_are_text_that_sorts_like_the_numbers() -> None:
+def test_number_columns_are_numeric_so_they_sort_as_numbers(db_url: str) -> None:
+    """Every number column of the fleet table is a float column (NaN = unknown, drawn blank), so sorting
+    it sorts the numbers, negative D values included; each keeps its format and its help."""
+    at = app()
+    table = table_of(at)
+    names = [*fleet.NUMBER_COLUMNS, "risk"]
+    assert all(pd.api.types.is_float_dtype(table[name]) for name in names), table[names].dtypes
+    columns = json.loads(at.dataframe[0].proto.columns)
+    for name in names:
+        assert columns[name]["type_config"]["type"] == "number", columns[name]
+        assert columns[name]["help"]
+    assert columns["demand / pool"]["type_config"]["format"] == "percent"
+    assert columns["D"]["type_config"]["format"] == "%.2f"
+
+
+def test_table_numbers_sorts_negative_and_unknown_values_as_numbers() -> None:
     frame = pd.DataFrame(
-        {"n": [9, None, 12, float("nan")], "p": [0.95, 1.0, None, 0.5], "x": ["a", "b", "c", "d"]}
+        {"D": [0.1, None, -0.25, float("nan"), -1.5], "n": [9, None, 12, 3, 100], "x": list("abcde")}
     )
-    out = fleet.table_text(frame, {"n": "%d", "p": "percent", "missing": "%d"})
-    assert list(out["n"]) == [" 9", "  ", "12", "  "] and sorted(out["n"])[-2:] == [" 9", "12"]
-    assert list(out["p"]) == [" 95%", "100%", "    ", " 50%"] and list(out["x"]) == ["a", "b", "c", "d"]
-    assert fleet.number_text(0.123, "%.2f") == "0.12" and fleet.number_text(None, "%.2f") == ""
+    out = fleet.table_numbers(frame, ["D", "n", "missing"])
+    assert out["D"].dtype == "float64" and out["n"].dtype == "float64" and list(out["x"]) == list("abcde")
+    assert list(out.sort_values("D")["x"]) == ["e", "c", "a", "b", "d"]  # NaN last, -1.5 < -0.25 < 0.1
+    assert list(out.sort_values("n")["x"]) == ["d", "a", "c", "e", "b"]  # 100 after 12 (text sorted it first)
+    assert fleet.column_format("percent") == "percent" and fleet.column_format("%d") == "%d"
 
 
 def test_each_target_has_its_own_last_good_scrape(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

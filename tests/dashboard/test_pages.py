@@ -205,3 +205,16 @@ def test_no_recomputation_line_where_the_engine_never_preempted(db_url: str) -> 
     assert not at.exception
     misses = traces(figures(at)["engine_misses"])
     assert sum(misses["evicted-parked"]["y"]) > 0 and "hits counted for recomputation" not in misses
+
+
+def test_budgeter_mode_has_a_row_of_its_own_and_demand_is_a_fraction_like_the_bands(db_url: str) -> None:
+    """The mode is the only metric of its row (so "budgeter-park" is never cut to "budgeter…"), and demand
+    is shown against the pool like the bands it is compared with."""
+    at = app("budgeter", engine="a")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Mode"] == "budgeter-park"
+    assert float(metrics["Demand / pool"]) == pytest.approx(0.99, abs=0.01)
+    assert (metrics["Low band"], metrics["High band"], metrics["KV pool"]) == ("0.75", "0.95", "400K")
+    assert not any(m.label == "Mode" for block in at.columns for m in block.get("metric")), (
+        "the mode shares a row with other metrics again"
+    )
