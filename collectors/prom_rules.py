@@ -352,10 +352,12 @@ def _collapse_risk(ctx: ExportContext) -> NotExpressible:
     return NotExpressible(
         "collapse-risk",
         (
-            "the score is core.risk's model: the sidecar's inputs are the KV demand of *admitted* sessions and its "
+            "the score is core.risk's model: the sidecar's inputs are the demand its budgeter projects from each "
+            "*admitted* session, the lasting KV demand (the smaller of today's and the projected) and its "
             "least-squares trend, the session backlog's growth and the missed prompt tokens per second, the engine's "
             "are 30-s means, slopes and falls below the best 30-s mean of the last 5 minutes (max_over_time over an "
-            "avg_over_time subquery), each mapped through a clamped ramp and weighted; the throughput input is "
+            "avg_over_time subquery), each mapped through a clamped ramp and weighted; the symptoms count only while "
+            "the pool is under pressure (a condition on other inputs per series); the throughput input is "
             "suppressed when the prompt load fell as much (a comparison between two subquery results per series); and "
             "the inputs present decide whether the score exists at all. Each piece has a PromQL approximation, but "
             "together they would be a second, hand-kept copy of a tuned model whose lead times were measured on the "

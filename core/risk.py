@@ -121,7 +121,7 @@ ALL_INPUTS = tuple(dict.fromkeys(SIDECAR_INPUTS + ENGINE_INPUTS))
 # What each input means, for summaries, the pages and the runbook.
 WHY: dict[str, str] = {
     "demand_projection": "demand the admitted sessions will hold in a minute (growth, turns left, arrivals) vs the pool",
-    "kv_demand": "KV demand of admitted sessions vs the pool: above 1 their prefixes evict each other",
+    "kv_demand": "lasting KV demand of admitted sessions (today's or projected, the smaller) vs the pool: above 1 their prefixes evict each other",
     "demand_trend": "demand still growing near the pool: the overflow is coming, not passing",
     "session_flow": "sessions arriving faster than they complete: the backlog (and demand) keeps growing",
     "missed_prefill": "missed prompt tokens/s vs the engine's prefill capacity: misses are eating the engine",
