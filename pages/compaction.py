@@ -75,7 +75,7 @@ def gate_panel() -> None:
     )
     cols[2].metric("R_t / R_r", f"{_f(reuse.get('token_weighted'))} / {_f(reuse.get('request_weighted'))}")
     deferred_until = comp.get("deferred_until")
-    deferral = "Operator deferral" if at is None else f"Operator deferral ({asof.now_label(at)})"
+    deferral = "Operator deferral" if at is None else "Operator deferral (now)"  # the help says: not then
     if deferred_until and deferred_until > now:
         cols[3].metric(
             deferral,
