@@ -92,8 +92,8 @@ def engines(url: str) -> list[q.EngineRef]:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def health(url: str) -> dict[int, q.TargetHealth]:
-    return _read(url, q.target_health)
+def health(url: str, as_of: float | None = None) -> dict[int, q.TargetHealth]:
+    return _read(url, q.target_health, as_of)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
@@ -102,8 +102,13 @@ def heartbeats(url: str) -> list[dict[str, Any]]:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
-def latest(url: str, target_ids: tuple[int, ...], signals: tuple[str, ...] | None = None) -> q.Latest:
-    return _read(url, q.latest, target_ids, signals)
+def latest(
+    url: str,
+    target_ids: tuple[int, ...],
+    signals: tuple[str, ...] | None = None,
+    as_of: float | None = None,
+) -> q.Latest:
+    return _read(url, q.latest, target_ids, signals, as_of)
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)

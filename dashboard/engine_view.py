@@ -15,10 +15,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import charts, data
+from dashboard import asof, charts, data
 from dashboard import frames as q
 from dashboard.settings import Settings
 from dashboard.status import BADGE, NEXT_STEP, Queue, age_text, collectors_alive, duration_text, engine_status
+from dashboard.timerange import TimeWindow
 from dashboard.ui import admission_wait_limit, escape_md, fmt_ts
 
 SIDECAR_SIGNALS = (
@@ -276,14 +277,20 @@ def missing_serving_signals(eng: pd.DataFrame) -> list[str]:
     ]
 
 
-def per_model_table(url: str, ref: q.EngineRef, window: Any) -> None:
+def per_model_table(url: str, ref: q.EngineRef, window: TimeWindow) -> None:
     """Per-model breakdown by the request's ``model`` at the sidecar (its /state ``models`` section)."""
     if ref.sidecar_target_id is None:
         return
     side = data.sidecar_states(url).get(ref.sidecar_target_id, {})
     state = side.get("state") if isinstance(side.get("state"), dict) else {}
     models = state.get("models")
-    st.subheader("Per model (by the request's `model` at the sidecar)")
+    at = asof.moment(window)
+    st.subheader(
+        "Per model (by the request's `model` at the sidecar)"
+        + ("" if at is None else f", {asof.now_label(at)}")
+    )
+    if at is not None:
+        st.caption(asof.now_only("The per-model table", at))
     if not isinstance(models, dict) or not models:
         st.caption("This sidecar reports no per-model breakdown (one model, or a sidecar without it).")
         return

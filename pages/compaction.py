@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import actions, charts, data, live
+from dashboard import actions, asof, charts, data, live
 from dashboard.auth import current_operator, signed_out_reason
 from dashboard.status import age_text, last_hit_text
 from dashboard.timerange import time_control
@@ -24,8 +24,16 @@ def gate_panel() -> None:
     now = time.time()
     w = window.moving(data.live_now(settings))
     start, end = w.start, w.end
+    at = asof.moment(w)
     try:
         side = data.sidecar_states(url).get(sidecar_id)
+        then = (
+            None
+            if at is None
+            else data.latest(
+                url, (sidecar_id,), ("divergence", "token_weighted", "request_weighted", "thin_reuse"), at
+            )
+        )
         frame = data.series(
             url, (sidecar_id,), ("divergence", "token_weighted", "request_weighted"), start, end
         )
@@ -35,16 +43,26 @@ def gate_panel() -> None:
         st.error(str(exc))
         return
     state = side["state"] if side and isinstance(side.get("state"), dict) else {}
-    reuse = state.get("reuse") or {}
+    reuse = dict(state.get("reuse") or {})
     comp = state.get("compaction") or {}
-    if side is None:
+    if then is not None:  # paused: R_t, R_r, D and the regime as of `at`, from the stored samples
+        for name in ("divergence", "token_weighted", "request_weighted"):
+            reuse[name] = then.value(sidecar_id, name)
+        regime_then = asof.sidecar_states_at(then, (sidecar_id,)).get(sidecar_id, {})
+        reuse["regime"] = regime_then.get("regime")
+        newest = max((ts for ts, _v in then.values.values()), default=None)
+        if newest is None:
+            st.warning(f"No samples of this sidecar stored at or before {fmt_ts(at)}.")
+        elif at - newest > settings.stale_after_seconds:
+            st.warning(f"At {fmt_ts(at)} the sidecar's newest samples were {age_text(at - newest)}.")
+    elif side is None:
         st.warning("The collectors have not recorded this sidecar's /state yet.")
     else:
         age = now - side["ts"]
         if age > settings.stale_after_seconds:
             st.warning(f"The sidecar's state is {age_text(age)}: what follows may no longer be true.")
     cols = st.columns(4)
-    regime = reuse.get("regime") or (side or {}).get("regime") or "unknown"
+    regime = reuse.get("regime") or ((side or {}).get("regime") if then is None else None) or "unknown"
     cols[0].metric("Regime", str(regime))
     d = reuse.get("divergence")
     cols[1].metric(
@@ -57,21 +75,29 @@ def gate_panel() -> None:
     )
     cols[2].metric("R_t / R_r", f"{_f(reuse.get('token_weighted'))} / {_f(reuse.get('request_weighted'))}")
     deferred_until = comp.get("deferred_until")
+    deferral = "Operator deferral" if at is None else "Operator deferral (now)"  # the help says: not then
     if deferred_until and deferred_until > now:
         cols[3].metric(
-            "Operator deferral",
+            deferral,
             f"until {fmt_ts(deferred_until)[11:19]}",
-            help="compaction is deferred by an operator",
+            help="compaction is deferred by an operator"
+            + ("" if at is None else "; " + asof.now_only("the deferral", at)),
         )
         who = comp.get("deferred_by")
         why = comp.get("deferred_reason")
         st.text(
-            f"Deferred by {who or 'an operator'} until {fmt_ts(deferred_until)}"
+            ("" if at is None else f"N{asof.now_label(at)[1:]}: ")
+            + f"Deferred by {who or 'an operator'} until {fmt_ts(deferred_until)}"
             + (f": {why}" if why else "")
             + f" ({(deferred_until - now) / 60:.0f} min left)."
         )
     else:
-        cols[3].metric("Operator deferral", "none")
+        cols[3].metric(deferral, "none", help=None if at is None else asof.now_only("the deferral", at))
+    if at is not None:
+        st.caption(
+            f"Paused: regime, D and R_t / R_r are the sidecar's samples at or before {fmt_ts(at)}; "
+            + asof.now_only("the operator deferral and the subtrees below", at)
+        )
     fig = go.Figure()
     trace = charts.signal_line(frame, "divergence", max_gap=max_gap_for(w))
     if trace is not None:
@@ -99,7 +125,7 @@ def gate_panel() -> None:
         )
         charts.add_events(fig, events, y=1.0)
     charts.add_staleness(
-        fig, None if frame.empty else float(frame["ts"].max()), now, settings.stale_after_seconds
+        fig, None if frame.empty else float(frame["ts"].max()), min(now, end), settings.stale_after_seconds
     )
     fig.update_yaxes(range=[-0.1, 1.05], title_text="D")
     fig.update_layout(
@@ -109,7 +135,7 @@ def gate_panel() -> None:
     fig.update_xaxes(range=[charts.to_time(start), charts.to_time(end)])
     st.plotly_chart(fig, key="compaction_divergence", width="stretch")
 
-    st.subheader("Subtrees by warmth (hot first)")
+    st.subheader("Subtrees by warmth (hot first)" + ("" if at is None else f", {asof.now_label(at)}"))
     if subtrees.empty:
         st.caption("No shared prefixes reported by this sidecar.")
     else:

@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, engine_view, live, misses
+from dashboard import asof, charts, data, engine_view, live, misses
 from dashboard import frames as q
 from dashboard import risk as risk_view
 from dashboard.settings import Settings
@@ -50,11 +50,12 @@ def render(ref: q.EngineRef, w: TimeWindow) -> None:
         side, eng = engine_frames(ref, w)
         events = data.events(url, ref, w.start, w.end)
         health = data.health(url)
-        if w.at is None:
+        if w.live:
             engine_view.live_status(settings, ref, now)
-        else:
-            alerts = data.alerts(url, w.at - 7 * 86400, w.at)
-            engine_view.status_at(ref, w.at, side, eng, alerts)
+        else:  # the link's moment, or the end of a paused or custom window: the state stored for then
+            at = asof.moment(w) or w.end
+            alerts = data.alerts(url, at - 7 * 86400, at)
+            engine_view.status_at(ref, at, side, eng, alerts)
     except data.DatabaseUnavailable as exc:
         st.error(str(exc))
         return

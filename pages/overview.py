@@ -9,13 +9,13 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, fleet, live, risk
+from dashboard import asof, data, fleet, live, risk
 from dashboard import fleet_charts as fc
 from dashboard import frames as q
 from dashboard.settings import Settings
 from dashboard.status import BADGE, COLOR, STATES, collectors_alive
 from dashboard.timerange import TimeWindow, time_control
-from dashboard.ui import admission_wait_limit, ensure_router, escape_md, require_database
+from dashboard.ui import admission_wait_limit, ensure_router, escape_md, fmt_ts, require_database
 
 ensure_router()
 settings = Settings.from_env()
@@ -34,14 +34,19 @@ name_filter = st.text_input(
 )
 
 
-def fleet_state(now: float) -> list[dict]:
+def fleet_state(now: float, at: float | None = None) -> list[dict]:
+    """The fleet now, or (paused: `at`) as of `at` from the stored history (`dashboard.asof`)."""
     engines = [e for e in data.engines(url) if fleet.matches(e, name_filter)]
-    health = data.health(url)
-    beats = data.heartbeats(url)
-    last_beat = max((b["last_beat_ts"] for b in beats), default=None)
+    health = data.health(url, at)
+    if at is None:
+        last_beat = max((b["last_beat_ts"] for b in data.heartbeats(url)), default=None)
+    else:
+        last_beat, now = asof.last_scrape(health), at
     all_ids = tuple(sorted({t for e in engines for t in e.target_ids}))
-    latest = data.latest(url, all_ids)
-    alerts = data.alerts(url, now - 86400)
+    latest = data.latest(url, all_ids, None, at)
+    alerts = data.alerts(url, now - 86400, at)
+    if at is not None:
+        alerts = q.firing_at(alerts, at)
     firing: dict[int, set[str]] = {}
     if not alerts.empty:
         for row in alerts[alerts["state"] == "firing"].itertuples():
@@ -51,7 +56,9 @@ def fleet_state(now: float) -> list[dict]:
         engines,
         health=health,
         latest=latest,
-        states=data.sidecar_states(url),
+        states=data.sidecar_states(url)
+        if at is None
+        else asof.sidecar_states_at(latest, (e.sidecar_target_id for e in engines)),
         firing=firing,
         now=now,
         stale_after=settings.stale_after_seconds,
@@ -126,8 +133,9 @@ def _secs(value: float | None) -> str:
 
 def fleet_panel() -> None:
     now = time.time()
+    at = asof.moment(window)
     try:
-        rows = fleet_state(now)
+        rows = fleet_state(now, at)
     except data.DatabaseUnavailable as exc:
         st.error(str(exc))
         return
@@ -157,8 +165,14 @@ def fleet_panel() -> None:
             with st.expander(f"All {len(attention)} needing attention, with the cause and next step in full"):
                 st.text("\n".join(f"{r['state']:<11} {r['engine']}: {r['why']}" for r in attention))
     st.caption(
-        f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
-        f"{live.interval_for('overview_fleet', settings):g} s. Sorted worst first (state, then lowest R_t). Numbers of a down or "
+        (
+            f"As of {time.strftime('%H:%M:%S', time.gmtime(now))} UTC; refreshes every "
+            f"{live.interval_for('overview_fleet', settings):g} s."
+            if at is None
+            else f"As of {fmt_ts(at)} (paused): the samples, scrapes and alerts stored for that "
+            "time, ages counted to then."
+        )
+        + " Sorted worst first (state, then lowest R_t). Numbers of a down or "
         "stale engine are its last known values (grey); a blank is a value not known (the column's help says why)."
     )
     render_table(rows)
@@ -180,7 +194,8 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
         FLEET_POINTS,
     )
     eng = q.combine_ranks(data.series(url, tuple(sorted(eng_ids)), ("kv_usage",), start, end, FLEET_POINTS))
-    health = data.health(url)
+    at = asof.moment(window_now)
+    health = data.health(url, at)
     frozen = {
         e.sidecar_target_id: health[e.engine_target_id].last_success_ts or 0.0
         for e in sidecars.values()
@@ -188,7 +203,7 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
     }
     side = fc.drop_frozen(side, frozen)
     latest = data.latest(
-        url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting")
+        url, tuple(sorted(sidecars)), ("token_weighted", "divergence", "demand_fraction", "waiting"), at
     )
     step = q.step_for_span(end - start)
     common = dict(
@@ -268,7 +283,7 @@ def charts_for(window_now: TimeWindow, now: float) -> None:
             key="overview_demand",
             width="stretch",
         )
-        kv_latest = data.latest(url, tuple(sorted(eng_ids)), ("kv_usage",))
+        kv_latest = data.latest(url, tuple(sorted(eng_ids)), ("kv_usage",), at)
         kv_known = sorted(
             (
                 (

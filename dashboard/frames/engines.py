@@ -137,7 +137,27 @@ def list_engines(conn: Connection) -> list[EngineRef]:
     return sorted(result, key=lambda r: natural_key(r.key))
 
 
-def target_health(conn: Connection) -> dict[int, TargetHealth]:
+def target_health(conn: Connection, as_of: float | None = None) -> dict[int, TargetHealth]:
+    """Each target's health now (the ``targets`` row), or with `as_of` at that time, from its stored ``up``
+    samples (`db.queries.up_as_of`): up = the outcome of its newest scrape then; the error text and the
+    failure count are not kept over time (None and 0). A target not scraped by then is down, never scraped."""
+    if as_of is not None:
+        then = {r["target_id"]: r for r in dbq.up_as_of(conn, as_of)}
+        out = {}
+        for t in dbq.targets(conn):
+            r = then.get(t["id"], {})
+            out[t["id"]] = TargetHealth(
+                t["id"],
+                t["role"],
+                t["name"] or t["url"],
+                t["url"],
+                bool(r.get("up", False)),
+                r.get("ts"),
+                r.get("last_success_ts"),
+                None,
+                0,
+            )
+        return out
     return {
         t["id"]: TargetHealth(
             t["id"],

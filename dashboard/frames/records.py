@@ -168,6 +168,16 @@ def alerts_frame(
     return frame.sort_values("started_ts", ascending=False, ignore_index=True) if len(frame) else frame
 
 
+def firing_at(alerts: pd.DataFrame, at: float) -> pd.DataFrame:
+    """The rows of an `alerts_frame` that were firing at `at` (started by then, not resolved by then), with
+    ``state`` set to "firing": an episode firing then may be resolved now. Read the frame with ``until=at``
+    and ``since`` early enough to hold the episodes open then."""
+    if alerts.empty:
+        return alerts
+    then = (alerts["started_ts"] <= at) & (alerts["resolved_ts"].isna() | (alerts["resolved_ts"] > at))
+    return alerts[then].assign(state="firing")
+
+
 def silences_frame(conn: Connection, now: float) -> pd.DataFrame:
     """Silences not yet ended at `now`, the soonest to end first."""
     columns = ["id", "rule", "target_id", "target", "starts_ts", "ends_ts", "created_by", "comment"]

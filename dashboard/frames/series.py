@@ -18,13 +18,19 @@ LONG_SPAN_MAX_POINTS = 500  # beyond it: a 24 h or 7 d chart reads the coarser r
 LONG_SPAN_S = 6 * 3600.0
 
 
-def latest(conn: Connection, target_ids: Iterable[int], signals: Iterable[str] | None = None) -> Latest:
-    """The newest raw sample of each series."""
+def latest(
+    conn: Connection,
+    target_ids: Iterable[int],
+    signals: Iterable[str] | None = None,
+    as_of: float | None = None,
+) -> Latest:
+    """The newest raw sample of each series (with `as_of`: the newest at or before that time)."""
     ids = list(target_ids)
     out = Latest()
     if not ids:
         return out
-    for r in dbq.latest_samples(conn, target_ids=ids, signals=None if signals is None else list(signals)):
+    wanted = None if signals is None else list(signals)
+    for r in dbq.latest_samples(conn, target_ids=ids, signals=wanted, as_of=as_of):
         out.values[(r["target_id"], r["engine"] or "", r["signal"])] = (r["ts"], r["value"])
     return out
 

@@ -9,7 +9,8 @@ runs no SQL of its own.
 By concern:
 
 - `db.queries.targets`: targets, collectors' heartbeats;
-- `db.queries.latest`: the newest sample per series, per target (`latest_samples`, `latest_signals`);
+- `db.queries.latest`: the newest sample per series, per target (`latest_samples`, `latest_signals`),
+  also as of a past time; each target's scrape health at a past time (`up_as_of`);
 - `db.queries.series`: points over a time range at a bounded resolution (`series_range`);
 - `db.queries.sidecar`: sidecar /state, sessions, subtrees, compaction decisions, the audit;
 - `db.queries.turns`: the turn trace and missed tokens by cause (`miss_attribution`, with the engine's
@@ -27,7 +28,7 @@ from db.queries.alerts import (
     record_dashboard_action,
     silences,
 )
-from db.queries.latest import latest_samples, latest_signals, latest_value, target_totals
+from db.queries.latest import latest_samples, latest_signals, latest_value, target_totals, up_as_of
 from db.queries.series import (
     DEFAULT_MAX_POINTS,
     RAW_RETENTION_KEY,
@@ -72,4 +73,5 @@ __all__ = [
     "miss_attribution",
     "pressure_intervals",
     "turns",
+    "up_as_of",
 ]

@@ -1,8 +1,11 @@
 """The newest sample of each series, per (target, engine label, signal), and per target.
 
 `latest_samples` is the one read of "newest values" (one index seek per series on the
-``(series_id, ts)`` primary key); `latest_signals` groups it by (target, engine label) with
+``(series_id, ts)`` primary key), optionally *as of* a past time (the newest sample at or before
+it: what a paused dashboard shows); `latest_signals` groups it by (target, engine label) with
 the target's columns, `target_totals` folds data-parallel ranks into one row per target.
+`up_as_of` is each target's scrape health at a past time, from the ``up`` samples the collectors
+write for every scrape (1 or 0).
 """
 
 from __future__ import annotations
@@ -26,18 +29,21 @@ def latest_samples(
     signals: Sequence[str] | None = None,
     max_age_s: float | None = None,
     now: float | None = None,
+    as_of: float | None = None,
 ) -> list[dict[str, Any]]:
     """``{"series_id", "target_id", "engine", "signal", "ts", "value"}`` per series that has samples
-    (those older than `max_age_s` before `now` left out)."""
+    (those older than `max_age_s` before `now` left out). With `as_of`: the newest sample at or before
+    that time (a series with none then is left out)."""
     ids = id_list(target_ids)
     if ids is not None and not ids:
         return []
-    newest_ts = (
-        select(func.max(Sample.ts)).where(Sample.series_id == Series.id).correlate(Series).scalar_subquery()
-    )
+    in_time = [Sample.series_id == Series.id]
+    if as_of is not None:
+        in_time.append(Sample.ts <= as_of)
+    newest_ts = select(func.max(Sample.ts)).where(*in_time).correlate(Series).scalar_subquery()
     newest_val = (
         select(Sample.value)
-        .where(Sample.series_id == Series.id)
+        .where(*in_time)
         .order_by(Sample.ts.desc())
         .limit(1)
         .correlate(Series)
@@ -167,3 +173,40 @@ def latest_value(
     )
     found = run(conn, stmt)
     return (found[0]["ts"], found[0]["value"]) if found else None
+
+
+def up_as_of(conn: Conn, as_of: float, target_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Each target's scrape health at `as_of` from its ``up`` samples (target-level series):
+    ``{"target_id", "ts"`` (its newest scrape then), ``"up"`` (that scrape's outcome),
+    ``"last_success_ts"`` (newest ``up`` = 1 then, or None)}; targets with no scrape by then are left out."""
+    found = latest_samples(conn, target_ids=target_ids, signals=[sig.UP], as_of=as_of)
+    if not found:
+        return []
+    by_target: dict[int, dict[str, Any]] = {}  # the collectors write it target-level; any label counts
+    for r in found:
+        if r["target_id"] not in by_target or r["ts"] > by_target[r["target_id"]]["ts"]:
+            by_target[r["target_id"]] = r
+    newest = list(by_target.values())
+    success: dict[int, float] = {}
+    for r in newest:  # up then: that scrape is the last success; down: walk back its series to the last one
+        if r["value"] >= 1.0:
+            success[r["target_id"]] = r["ts"]
+            continue
+        stmt = (
+            select(Sample.ts)
+            .where(Sample.series_id == r["series_id"], Sample.ts <= as_of, Sample.value >= 1.0)
+            .order_by(Sample.ts.desc())
+            .limit(1)
+        )
+        last_ok = run(conn, stmt)
+        if last_ok:
+            success[r["target_id"]] = float(last_ok[0]["ts"])
+    return [
+        {
+            "target_id": r["target_id"],
+            "ts": r["ts"],
+            "up": r["value"] >= 1.0,
+            "last_success_ts": success.get(r["target_id"]),
+        }
+        for r in sorted(newest, key=lambda r: r["target_id"])
+    ]
