@@ -66,7 +66,7 @@ def test_timeline_stacks_the_inputs_under_pressure_and_draws_the_score_and_thres
     assert [s["y0"] for s in fig.layout.shapes] == [0.6, 0.35]
     table = risk.leading_table(f)
     assert list(table["input"]) == ["kv_demand", "demand_trend"]
-    assert table["why"][0].startswith("KV demand of admitted sessions")
+    assert table["why"][0].startswith("lasting KV demand of admitted sessions")
 
 
 def test_empty_frames():
