@@ -93,6 +93,11 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
         toml += collapse_alert_table(args.speed)
     fleet.write_text(toml)
     seed = [] if getattr(args, "seed", None) is None else ["--seed", str(args.seed)]
+
+    def loadgen(speed: float, *flags: str) -> list[str]:
+        """The load generator's command against the sidecar."""
+        return [py, "-m", "simulator", "loadgen", "--target", sidecar, "--speed", str(speed), *flags]
+
     common = {
         "DATABASE_URL": database_url,
         "PREFIXOPS_OPERATOR_TOKEN": operator_token,
@@ -160,21 +165,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
             ready_url=f"http://{host}:{args.dashboard_port}/_stcore/health",
             env=common,
         ),
-        Service(
-            "loadgen",
-            [
-                py,
-                "-m",
-                "simulator",
-                "loadgen",
-                "--target",
-                sidecar,
-                "--speed",
-                str(args.speed),
-                *seed,
-                *loadgen_args(args.scenario, args.speed),
-            ],
-        ),
+        Service("loadgen", loadgen(args.speed, *seed, *loadgen_args(args.scenario, args.speed))),
     ]
     if args.engine == "vllm":  # PREFIXOPS_DEMO_ENGINE=vllm: the real engine in place of the simulator
         if args.engine_url:
@@ -182,17 +173,7 @@ def build_services(args: argparse.Namespace, operator_token: str) -> list[Servic
         else:
             services[0] = Service("vllm", real.cmd, ready_url=real.ready_url, env=real.env)
         fleet.write_text(real_fleet_toml(toml))
-        services[-1].cmd = [
-            py,
-            "-m",
-            "simulator",
-            "loadgen",
-            "--target",
-            sidecar,
-            "--speed",
-            "1",
-            *REAL_LOADGEN_ARGS,
-        ]
+        services[-1].cmd = loadgen(1, *REAL_LOADGEN_ARGS)
     for service in services:
         service.log_dir = args.data_dir / "logs"
     return services
