@@ -19,10 +19,14 @@ For each seed, on loopback ports of its own:
 The simulated engine's lag behind wall-clock time (``/sim/state``) is reported: a machine too busy
 to keep the engine at its time scale runs a slower engine than the one the collectors recorded. So are
 the preview's inputs that matter most here: the recorded arrival rate and the turn overhead
-(``simulator.forecast.turn_overhead``). ``--truth`` also runs the preview's inputs with the simulated
-engine's own cost model (``simulator.config.CostModel`` at ``--speed``, in wall seconds): the same
-sessions and draws on the real engine's costs, so ``truth_speed_ratio`` (the preview's turns/s over
-that run's) says how much too fast or slow the estimated cost model is, apart from everything else.
+(``simulator.forecast.turn_overhead``); and ``latency_outside_s``, by how much the turns' mean latency
+at the sidecar exceeded the engine's own mean e2e in the ``OUTSIDE_WINDOW_S`` before the switch and in
+the minutes after it (exact means, from the engine's histogram sum and count): it shows the engine and
+its clients slowing down after the switch beyond anything the recorded history could show. ``--truth``
+also runs the preview's inputs with the simulated engine's own cost model (``simulator.config.CostModel``
+at ``--speed``, in wall seconds): the same sessions and draws on the real engine's costs, so
+``truth_speed_ratio`` (the preview's turns/s over that run's) says how much too fast or slow the
+estimated cost model is, apart from everything else.
 Prints one JSON object per seed and a summary line; exits 1 when a seed misses the tolerance, 2 when
 the system could not be run.
 """
@@ -48,6 +52,8 @@ R_T_TOLERANCE = 0.1
 PARKED_TOLERANCE = 0.30
 PARKED_MIN_SESSIONS = 3
 MODE = "budgeter-park"
+E2E = "vllm:e2e_request_latency_seconds"
+OUTSIDE_WINDOW_S = 60.0  # the span before the switch over which ``latency_outside`` is measured
 # Alembic's migration context is process-global: seeds run at once migrate their databases one at a time
 _MIGRATING = threading.Lock()
 
@@ -82,6 +88,39 @@ def actual_r_t(turns: list[dict[str, Any]]) -> float | None:
         if prompt
         else None
     )
+
+
+def e2e_totals(engine: str) -> tuple[float, float] | None:
+    """The engine's end-to-end latency histogram: its sum and count over every label (``/metrics``)."""
+    from core.engine_metrics.text import read_families
+
+    try:
+        text = httpx.get(f"{engine}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    total = count = 0.0
+    for family in read_families(text):
+        for s in family.samples:
+            if s.name == E2E + "_sum":
+                total += s.value
+            elif s.name == E2E + "_count":
+                count += s.value
+    return total, count
+
+
+def latency_outside(
+    turns: list[dict[str, Any]], first: tuple[float, float] | None, last: tuple[float, float] | None
+) -> float | None:
+    """Mean sidecar latency of the ``ok`` turns minus the engine's mean e2e between two ``e2e_totals``.
+
+    Exact where the forecast's ``turn_overhead`` is an estimate (interval medians against the
+    histogram's interpolated ``e2e_p50``): what the validation's engine and its clients add to a turn
+    beyond the engine's own clock, before and after the switch.
+    """
+    ok = [t["latency_s"] for t in turns if t.get("outcome") == "ok" and t.get("latency_s") is not None]
+    if not ok or first is None or last is None or last[1] <= first[1]:
+        return None
+    return round(sum(ok) / len(ok) - (last[0] - first[0]) / (last[1] - first[1]), 3)
 
 
 def _lag(engine: str) -> float | None:
@@ -178,13 +217,17 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             if s.name == "sidecar":
                 set_control_mode(sidecar, token, "off")
         started = time.time()
+        before: tuple[float, tuple[float, float] | None] | None = None
         while time.time() - started < args.warm * 60:
             time.sleep(5)
+            if before is None and time.time() - started >= args.warm * 60 - OUTSIDE_WINDOW_S:
+                before = (time.time(), e2e_totals(engine))
             if (lag := _lag(engine)) is not None:
                 lags.append(lag)
             for s in services:
                 if s.proc is not None and s.proc.poll() is not None:
                     raise RuntimeError(f"{s.name} exited ({s.proc.returncode}):\n{s.tail()}")
+        at_switch = e2e_totals(engine)
         job, info = preview(url, args.after, args.fit)
         switched = time.time()
         set_control_mode(sidecar, token, MODE)
@@ -196,7 +239,16 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
                 lags.append(lag)
         end = switched + args.after * 60
         parked_end = _parked(sidecar)
+        at_end = e2e_totals(engine)
         turns = turns_between(sidecar, token, switched, end)
+        outside = {
+            "before": latency_outside(
+                turns_between(sidecar, token, before[0], switched) if before else [],
+                before[1] if before else None,
+                at_switch,
+            ),
+            "after": latency_outside(turns, at_switch, at_end),
+        }
         while job.finished is None:
             time.sleep(0.5)
         if job.error:
@@ -231,6 +283,7 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             "sessions_at_start": len(job.inputs.sessions),
             "arrivals_per_min": round(job.inputs.shapes.arrival_rate * 60, 2),
             "turn_overhead_s": round(job.inputs.turn_overhead_s, 3),
+            "latency_outside_s": outside,
             **truth,
             "engine_lag_max_s": max(lags, default=None),
             **info,

@@ -94,9 +94,11 @@ def wait_idle(page: Any, timeout_ms: int = 30_000) -> None:
     )
 
 
-def open_page(page: Any, url: str) -> None:
+def open_page(page: Any, url: str, timeout_ms: int = 60_000) -> None:
+    """Load ``url`` and wait for its script run to finish: a first run on a cold server (its imports,
+    the first database read) can take half a minute on a loaded two-core machine."""
     page.goto(url)
-    wait_idle(page)
+    wait_idle(page, timeout_ms)
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -1,14 +1,21 @@
-"""The forecast's validation (issue 16 item 3) in the suite: three seeds at once, a compressed schedule.
+"""The forecast's validation (issue 16 item 3) in the suite: three seeds at once, a shortened schedule.
 
-The protocol (docs/dashboard.md, "Validation") runs the live collapse demo under `off` for 10 wall minutes,
-previews `budgeter-park` through the Budgeter page's code, applies it for real through the sidecar's
-authenticated control API and compares after 5 wall minutes, on 3 seeds. The suite runs the same harness on
-3 seeds at once at x20 with 2 wall minutes under `off` and 1 after the switch (about 4 wall minutes). On
-each seed: the engine collapsed under `off`, the preview of `off` says so, the preview of `budgeter-park`
-foresees the recovery, the real switch recovered, and the preview's R_t is within the issue's 0.1 on one
-seed at least. The parked-session tolerance is not asserted: which tolerance this compressed schedule meets
-depends on the machine's load (at load 15-22: parked 15/15, R_t 12/15; on CI at load 3-6: R_t 3/3,
-parked 0/3; docs/dashboard.md has the figures). The tolerance function itself is tested on exact values.
+The protocol (docs/dashboard.md, "Validation") runs the live collapse demo (x10) under `off` for 10 wall
+minutes, previews `budgeter-park` through the Budgeter page's code, applies it for real through the
+sidecar's authenticated control API and compares after 5 wall minutes, on 3 seeds. The suite runs the
+same harness at the demo's x10 on 3 seeds at once, 6 wall minutes under `off` and 1.5 after the switch
+(about 8 wall minutes): the engine long collapsed, with 145-160 sessions in the system at the switch.
+On every seed: the engine collapsed under `off` and the preview of `off` says so, the preview of
+`budgeter-park` foresees the recovery, the real switch recovered, and the preview is within the
+issue's tolerance of what happened, R_t and parked sessions both.
+
+Why this schedule (docs/dashboard.md has the runs): the simulated engine's per-block bookkeeping for
+25k-token contexts makes it CPU-bound once the switch lets sessions cycle fast, three engines on two
+cores, so the real turns/s after the switch fall 1.5-1.9x short of the preview (whose cost model is the
+engine's own: `--truth`). At x20, or with fewer sessions at the switch (2-3 wall minutes under
+`off`), the backlog drains within the comparison and that shortfall puts the parked count out of
+tolerance; with ~150 sessions at the switch the parked backlog is still there 1.5 minutes later, as in
+the protocol. The tolerance function itself is tested on exact values.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ from simulator import forecast_validate
 from tests.support import free_port
 
 SEEDS = [1, 2, 3]
-WARM_MIN = 2.0  # wall minutes under `off` (the protocol: 10): 40 simulated minutes, the engine long collapsed
-AFTER_MIN = 1.0  # wall minutes after the switch, and the preview's length (the protocol: 5)
-SPEED = 20.0  # twice the collapse demo's time scale
+WARM_MIN = 6.0  # wall minutes under `off` (the protocol: 10): 60 simulated minutes, the engine long collapsed
+AFTER_MIN = 1.5  # wall minutes after the switch, and the preview's length (the protocol: 5)
+SPEED = 10.0  # the collapse demo's time scale
 
 
 def test_the_tolerance_is_the_issues() -> None:
@@ -41,10 +48,24 @@ def test_the_tolerance_is_the_issues() -> None:
     assert not forecast_validate.within({"r_t": None, "parked_end": 0}, {"r_t": 0.5, "parked_end": 0})["r_t"]
 
 
+def test_the_latency_outside_the_engine_is_the_difference_of_exact_means() -> None:
+    turns = [
+        {"outcome": "ok", "latency_s": 1.0},
+        {"outcome": "ok", "latency_s": 2.0},
+        {"outcome": "held_499", "latency_s": None},
+        {"outcome": "error", "latency_s": 9.0},
+    ]
+    # the engine finished 4 requests taking 4.0 s in all between the two reads: mean 1.0; the turns' 1.5
+    assert forecast_validate.latency_outside(turns, (10.0, 6.0), (14.0, 10.0)) == 0.5
+    assert forecast_validate.latency_outside(turns, (10.0, 6.0), (10.0, 6.0)) is None  # nothing finished
+    assert forecast_validate.latency_outside(turns, None, (14.0, 10.0)) is None  # a read failed
+    assert forecast_validate.latency_outside([], (10.0, 6.0), (14.0, 10.0)) is None
+
+
 @pytest.mark.slow
 @pytest.mark.process
 @pytest.mark.xdist_group("heavy")
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 def test_the_budgeter_park_preview_foresees_the_switched_demos_recovery_within_the_tolerance(
     tmp_path,
 ) -> None:
@@ -60,14 +81,13 @@ def test_the_budgeter_park_preview_foresees_the_switched_demos_recovery_within_t
     )
     results = forecast_validate.run(args, [(free_port(), free_port()) for _ in SEEDS])
     for r in results:
-        print(f"seed {r['seed']}: preview {r['preview']}, actual {r['actual']}, within {r['within']}")
+        print(
+            f"seed {r['seed']}: preview {r['preview']}, actual {r['actual']}, within {r['within']}, turn overhead {r['turn_overhead_s']}, outside {r['latency_outside_s']}"
+        )
     assert [r["seed"] for r in results] == SEEDS
     for r in results:
         assert r["cost_source"] == "latencies", r  # no fit file: the estimate from the recorded signals
         assert r["preview_off"]["r_t"] < 0.5, r  # the engine had collapsed, and the preview of `off` says so
         assert r["actual"]["r_t"] > 0.5, r  # budgeter-park, applied for real, brought it back
         assert r["preview"]["r_t"] > r["preview_off"]["r_t"] + 0.3, r  # and the preview foresaw it
-    # R_t within the issue's 0.1 on one seed of three at least: met at load 15-22 (12 of 15 seed runs) and on
-    # a quiet CI machine (3 of 3). The parked tolerance is met at load 15-22 (15/15) but not on a quiet machine
-    # (0/3: the preview 1.7-1.9x too fast), so it is not held here (docs/dashboard.md)
-    assert any(r["within"]["r_t"] for r in results), results
+        assert r["within"] == {"r_t": True, "parked": True}, r  # the issue's tolerance, on every seed
