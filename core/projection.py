@@ -23,8 +23,9 @@ attributes ``turns``, ``context_tokens``, ``demand_tokens`` and ``output_budget`
   ``length`` is ``mean_turns``. While no session has ended (``mean_turns`` None) the only basis is a
   lower bound: every session lasts at least as long as the oldest admitted one so far, which has
   not ended, so ``length`` is the largest ``turns`` of the admitted sessions plus 1 (its next turn).
-  (Projecting that nobody ends, as before, made the projection alone reach full pressure
-  at start-up, its weight equal to the warning threshold: false alarms minutes before any overflow.)
+  (Projecting that nobody ends, as before, made the projection alone reach full pressure at
+  start-up, its weight then equal to the warning threshold, now under it: false alarms minutes
+  before any overflow.)
 * a session whose turns left fit in ``horizon_s / period`` ends within the horizon and contributes
   nothing; any other contributes ``demand_tokens + g * horizon_s / period``.
 * **arrivals**: the sessions that arrived in the last ``arrival_window_s`` give a rate; the

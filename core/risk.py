@@ -22,7 +22,12 @@ collectors store them; ``now``: the clock, passed in). Two input sets, chosen by
       Pressure ramps from ``demand_lo`` to ``demand_hi``. The gates below ("near the pool") test
       this value against ``demand_trend_floor``.
     - ``demand_trend``: growth of ``demand_fraction`` per minute (least squares over ``trend_s``),
-      counted only near the pool (else 0). Ramps ``demand_growth_lo`` .. ``demand_growth_hi``.
+      counted only near the pool (else 0), and not while a reported projection (the
+      ``projected_demand_fraction`` signal, not the fallback) is above ``demand_fraction``'s ``level_s``
+      mean (else 0): that projection already contains the growth (per turn and from arrivals), and
+      counting the trend as well would count the same evidence twice. With the projection at or below
+      today's demand (it sees sessions leaving), a still-growing demand is evidence it does not hold,
+      and counts. Ramps ``demand_growth_lo`` .. ``demand_growth_hi``.
     - ``session_flow``: session arrivals minus completions per minute, the growth of
       ``sessions_in_system`` (least squares over ``trend_s``), counted only near the pool. Ramps
       ``flow_lo`` .. ``flow_hi``.
@@ -40,7 +45,11 @@ collectors store them; ``now``: the clock, passed in). Two input sets, chosen by
 ``engine`` (no sidecar: the engine's own ``/metrics``). The symptoms ``hit_trend``,
 ``missed_prefill`` and ``throughput`` count only while the pool is under pressure (else 0):
 ``kv_usage``'s ``level_s`` mean at least ``kv_lo``, or ``queue``'s at least ``queue_lo`` (requests
-waiting for blocks). With room in the pool, misses are cold or one-off (a flush), not evictions.
+waiting for blocks) unless a request was preempted with room in the pool within ``trend_s`` (a point
+in ``(now - trend_s, now]`` with ``preemptions_per_s`` > 0 and that point's ``kv_usage`` under
+``kv_lo``): a preemption with free blocks is not for lack of blocks (a prefix-cache flush preempts
+every running request), and the queue it leaves is re-queued work, not a wait for blocks. With room
+in the pool, misses are cold or one-off (a flush), not evictions.
     - ``kv_usage``: mean over ``level_s``; ramps ``kv_lo`` .. ``kv_hi``.
     - ``queue``: ``requests_waiting``, mean over ``level_s``; ramps ``queue_lo`` .. ``queue_hi``.
     - ``queue_growth``: ``requests_waiting`` growth per minute over ``trend_s``; ramps
@@ -60,7 +69,8 @@ waiting for blocks). With room in the pool, misses are cold or one-off (a flush)
 Scoring: each input gets a *pressure* in [0, 1], ``ramp(value, lo, hi)`` (0 at or below ``lo``,
 1 at or above ``hi``, linear between), and contributes ``weight * pressure`` (weights in
 ``RiskSettings``, per mode). The *score* is ``min(1, sum of contributions)``: no single input
-with a weight below ``warn_enter`` can raise a warning alone; agreement between causes does.
+can raise a warning alone, since every weight is below ``warn_enter`` (`RiskSettings` rejects a
+weight at or above it); agreement between causes does.
 A symptom whose cause does not hold is reported with value 0. An input whose signals are absent
 contributes nothing and is reported with value None; when no input of the mode has data the score is
 None (unknown).
@@ -91,6 +101,7 @@ from core.risk_symptoms import (
     engine_symptoms,
     gated,
     missed_tokens_per_s,
+    preempted_with_room,
     present,
 )
 from core.risk_windows import Points, mean, slope_per_min, window
@@ -207,7 +218,7 @@ class RiskSettings:
     preempt_lo: float = 0.05
     preempt_hi: float = 0.35
     # weights (a contribution is weight x pressure; the score is their sum, capped at 1)
-    w_demand_projection: float = 0.6
+    w_demand_projection: float = 0.55
     w_kv_demand: float = 0.5
     w_demand_trend: float = 0.2
     w_session_flow: float = 0.1
@@ -263,6 +274,16 @@ class RiskSettings:
             raise ValueError(
                 "risk setting warn_exit must be below warn_enter (hysteresis), "
                 f"got {self.warn_exit} >= {self.warn_enter}"
+            )
+        heavy = [
+            f.name
+            for f in fields(self)
+            if f.name.startswith("w_") and getattr(self, f.name) >= self.warn_enter
+        ]
+        if heavy:
+            raise ValueError(
+                f"risk setting(s) {heavy} must be below warn_enter ({self.warn_enter}): "
+                "no single input may raise the warning alone"
             )
 
     def weight(self, name: str) -> float:
@@ -353,7 +374,8 @@ def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str
         now_demand = mean(window(points, sig.DEMAND_FRACTION, level, now))
         growth = slope_per_min(window(points, sig.DEMAND_FRACTION, trend, now))
         near_now = now_demand is not None and now_demand >= s.demand_trend_floor
-        projected = mean(window(points, sig.PROJECTED_DEMAND_FRACTION, level, now))
+        reported = mean(window(points, sig.PROJECTED_DEMAND_FRACTION, level, now))
+        projected = reported
         if projected is None and now_demand is not None:
             # the fallback extrapolates only near the pool (a system filling from far below is not
             # overflowing: at a sidecar's start, demand rising from 0 would extrapolate past the pool)
@@ -364,7 +386,11 @@ def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str
         demand = now_demand if now_demand is None or projected is None else min(now_demand, projected)
         out["kv_demand"] = demand
         near = demand is not None and demand >= s.demand_trend_floor
-        out["demand_trend"] = None if growth is None or demand is None else (growth if near else 0.0)
+        # a reported projection above today's demand already contains the growth: not counted twice
+        foreseen = reported is not None and now_demand is not None and reported > now_demand
+        out["demand_trend"] = (
+            None if growth is None or demand is None else (growth if near and not foreseen else 0.0)
+        )
         flow = slope_per_min(window(points, sig.SESSIONS_IN_SYSTEM, trend, now))
         out["session_flow"] = None if flow is None or demand is None else (flow if near else 0.0)
         # symptoms count only near the pool: below it every admitted prefix fits, so misses are cold
@@ -386,7 +412,8 @@ def _values(points: Points, now: float, mode: Mode, s: RiskSettings) -> dict[str
     # symptoms count only while the pool is under pressure (kv_usage at kv_lo or above, or requests
     # waiting, queue_lo or more): misses with room in the pool are cold or one-off (a flush), not evictions
     queue = out["queue"]
-    if (kv is not None and kv >= s.kv_lo) or (queue is not None and queue >= s.queue_lo):
+    waiting = queue is not None and queue >= s.queue_lo and not preempted_with_room(points, now, s)
+    if (kv is not None and kv >= s.kv_lo) or waiting:
         out.update(engine_symptoms(points, now, s))
     else:  # 0, or None without data (not computed: the collectors judge every scrape)
         for name, signals in ENGINE_SYMPTOM_SIGNALS.items():

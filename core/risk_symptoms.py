@@ -2,8 +2,10 @@
 
 Their definitions are in `core.risk`'s docstring (the specification): ``missed_prefill`` (engine
 counters, or the sidecar's estimate), the falls below a recent best (``rt_trend``, ``hit_trend``,
-``throughput``), and the engine symptoms computed only while the pool is under pressure. ``s`` is
-anything with ``level_s``, ``reference_s`` and ``prefill_capacity_tokens_per_s`` (`core.risk.RiskSettings`).
+``throughput``), the engine symptoms computed only while the pool is under pressure, and whether a
+request was preempted with room in the pool (``preempted_with_room``). ``s`` is anything with
+``level_s``, ``trend_s``, ``reference_s``, ``kv_lo`` and ``prefill_capacity_tokens_per_s``
+(`core.risk.RiskSettings`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,12 @@ from core.risk_windows import Points, mean, rolling_best, window
 class Spans(Protocol):
     @property
     def level_s(self) -> float: ...
+
+    @property
+    def trend_s(self) -> float: ...
+
+    @property
+    def kv_lo(self) -> float: ...
 
     @property
     def reference_s(self) -> float: ...
@@ -109,6 +117,19 @@ def engine_symptoms(points: Points, now: float, s: Spans) -> dict[str, float | N
             fall = 0.0  # less work offered, not a symptom
     out["throughput"] = fall
     return out
+
+
+def preempted_with_room(points: Points, now: float, s: Spans) -> bool:
+    """A point in ``(now - trend_s, now]`` with preemptions while its ``kv_usage`` was under ``kv_lo``.
+
+    Such a preemption is not for lack of blocks (a prefix-cache flush preempts every running request),
+    so the queue it leaves is re-queued work, not requests waiting for blocks."""
+    start = now - s.trend_s
+    usage = dict(window(points, sig.KV_USAGE, start, now))
+    return any(
+        rate > 0 and t in usage and usage[t] < s.kv_lo
+        for t, rate in window(points, sig.PREEMPTIONS_PER_S, start, now)
+    )
 
 
 def gated(value: float | None, cause: bool) -> float | None:

@@ -200,12 +200,51 @@ def test_an_overflow_the_projection_sees_ending_is_not_counted():
     assert x["missed_prefill"].value == 0.0 and x["rt_trend"].value == 0.0
     assert a.score == 0.0
     # projected above today's demand (a burst of young sessions): kv_demand is today's, 1.2 (pressure 0.8)
-    # and the others count: +0.2/min (0.25), +2/min (0.125), 8000 missed tokens/s of 10000 (0.5)
+    # and the others count: +2/min (0.125), 8000 missed tokens/s of 10000 (0.5); the growth, +0.2/min,
+    # is in the projection already, so demand_trend is not counted again
     pts = [(t, {**v, sig.PROJECTED_DEMAND_FRACTION: 1.3}) for t, v in pts]
     x = by_name(assess(pts, 120.0, "sidecar", S))
     assert x["kv_demand"].value == pytest.approx(1.2) and x["kv_demand"].contribution == pytest.approx(0.4)
-    assert x["demand_trend"].contribution == 0.25 and x["session_flow"].contribution == 0.125
+    assert x["demand_trend"].value == 0.0 and x["session_flow"].contribution == 0.125
     assert x["missed_prefill"].value == pytest.approx(0.8) and x["missed_prefill"].contribution == 0.5
+
+
+def test_demand_trend_is_not_counted_twice_when_a_reported_projection_contains_it():
+    # demand 1.0 of the pool (30-s mean 1.0), growing +0.1/min; the sidecar projects 1.2 in a minute:
+    # the projection already holds the growth, so the trend is not counted (value 0)
+    grow = {sig.DEMAND_FRACTION: lambda t: 1.0 + (t - 105.5) / 600}
+    a = assess(points(120, **grow, **{sig.PROJECTED_DEMAND_FRACTION: 1.2}), 120.0, "sidecar", S)
+    x = by_name(a)
+    assert x["demand_trend"].value == 0.0 and x["demand_trend"].contribution == 0.0
+    assert x["demand_projection"].contribution == pytest.approx(0.2) and a.score == pytest.approx(0.2)
+    # the sidecar projects 0.95 (sessions leaving): the lasting demand is 0.95 (near the pool) and the
+    # growth contradicts the projection, so it counts: +0.1/min of 0 .. 0.2, pressure 0.5 (0.125)
+    a = assess(points(120, **grow, **{sig.PROJECTED_DEMAND_FRACTION: 0.95}), 120.0, "sidecar", S)
+    x = by_name(a)
+    assert x["demand_trend"].value == pytest.approx(0.1) and x["demand_trend"].contribution == 0.125
+    assert a.score == 0.125
+    # a projection equal to today's demand foresees no growth: the trend counts
+    x = by_name(assess(points(120, **grow, **{sig.PROJECTED_DEMAND_FRACTION: 1.0}), 120.0, "sidecar", S))
+    assert x["demand_trend"].contribution == 0.125
+    # no projection reported (an older sidecar): the fallback extrapolates the trend, which counts too
+    x = by_name(assess(points(120, **grow), 120.0, "sidecar", S))
+    assert x["demand_projection"].value == pytest.approx(1.1) and x["demand_trend"].contribution == 0.125
+
+
+def test_no_single_input_may_warn_alone():
+    # every weight must be under warn_enter: one input at full pressure cannot raise the warning
+    d = RiskSettings()
+    assert all(d.weight(n) < d.warn_enter for n in risk.ALL_INPUTS)
+    assert d.w_demand_projection == 0.55
+    with pytest.raises(ValueError, match=r"\['w_demand_projection'\] must be below warn_enter \(0.6\)"):
+        RiskSettings(w_demand_projection=0.6)
+    with pytest.raises(ValueError, match=r"\['w_kv_demand', 'w_kv_usage'\] must be below warn_enter \(0.5\)"):
+        RiskSettings(warn_enter=0.5, w_demand_projection=0.45)
+    # the projection alone at full pressure (1.3 of the pool, today's demand 0.8): 0.55, no warning
+    x = assess(
+        points(120, **{sig.DEMAND_FRACTION: 0.8, sig.PROJECTED_DEMAND_FRACTION: 1.3}), 120.0, "sidecar"
+    )
+    assert x.score == 0.55 and x.score < d.warn_enter
 
 
 def test_sidecar_symptoms_count_only_near_the_pool():
@@ -252,6 +291,23 @@ def test_engine_symptoms_count_only_while_the_pool_is_under_pressure():
         assess(points(300, **{sig.KV_USAGE: 0.6, sig.REQUESTS_WAITING: 2, **flush}), 300.0, "engine", q3)
     )
     assert x["missed_prefill"].value == 0.0
+    # a queue left by preemptions with room in the pool (a flush preempts every running request): not
+    # requests waiting for blocks, so it does not open the gate while such a preemption is within trend_s
+    flushed = {
+        sig.KV_USAGE: lambda t: 0.6 if t <= 250 else 0.3,
+        sig.REQUESTS_WAITING: 8,
+        sig.PREEMPTIONS_PER_S: lambda t: 5.0 if t == 251 else 0.0,
+    }
+    x = by_name(assess(points(300, **{**flush, **flushed}), 300.0, "engine", q3))
+    assert x["missed_prefill"].value == 0.0 and x["hit_trend"].value == 0.0
+    assert x["preemptions"].value == 0.0 and x["queue"].value == 8.0  # the causes themselves still count
+    x = by_name(assess(points(311, **{**flush, **flushed}), 311.0, "engine", q3))  # 60 s later: it opens
+    assert x["missed_prefill"].value == pytest.approx(0.8)
+    # a preemption while the pool is full (kv_usage 0.9 at that point, over kv_lo) is one for lack of
+    # blocks: the queue opens the gate
+    full = {**flushed, sig.KV_USAGE: lambda t: 0.9 if t == 251 else 0.6}
+    x = by_name(assess(points(300, **{**flush, **full}), 300.0, "engine", q3))
+    assert x["missed_prefill"].value == pytest.approx(0.8)
     # no kv_usage, no queue reported: the cause is unknown, the symptoms do not count
     x = by_name(assess(points(300, **flush), 300.0, "engine", S))
     assert x["kv_usage"].value is None and x["missed_prefill"].value == 0.0
