@@ -21,8 +21,8 @@ to keep the engine at its time scale runs a slower engine than the one the colle
 the preview's inputs that matter most here: the recorded arrival rate and the turn overhead
 (``simulator.forecast.turn_overhead``); and ``latency_outside_s``, by how much the turns' mean latency
 at the sidecar exceeded the engine's own mean e2e in the ``OUTSIDE_WINDOW_S`` before the switch and in
-the minutes after it (exact means, from the engine's histogram sum and count): it shows the engine and
-its clients slowing down after the switch beyond anything the recorded history could show. ``--truth``
+the minutes after it (exact means, from the engine's histogram sum and count): what the forecast's
+``turn_overhead`` estimates from the history, and whether the switch itself changed it. ``--truth``
 also runs the preview's inputs with the simulated engine's own cost model (``simulator.config.CostModel``
 at ``--speed``, in wall seconds): the same sessions and draws on the real engine's costs, so
 ``truth_speed_ratio`` (the preview's turns/s over that run's) says how much too fast or slow the
