@@ -28,6 +28,9 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
   ``prompt_len_p50/p90/p99`` and
   ``output_len_p50/p90/p99``: prompt and output lengths of the requests finished in the interval,
   tokens. All from the engine's histograms over the last interval (`core.engine_metrics.histograms`).
+- ``e2e_mean``: the mean end-to-end latency of the requests finished in the interval, seconds,
+  exact (the histogram's ``_sum`` increase over its count's), where ``e2e_p50`` is interpolated
+  inside buckets seconds wide. The forecast's turn overhead compares it with the sidecar's turns.
 - ``pool_tokens``: KV pool size in tokens.
 - ``block_size``: KV block size in tokens (vLLM's ``cache_config_info``; the granularity of prefix
   reuse, for `core.attribution`).
@@ -95,6 +98,8 @@ SERVING_QUANTILES: Final = tuple(
     for family in ("e2e", "itl", "queue_time", "prompt_len", "output_len", "decode_time")
     for q in ("p50", "p90", "p99")
 )
+E2E_MEAN: Final = "e2e_mean"
+SERVING_MEANS: Final = (E2E_MEAN,)  # one per `core.engine_metrics.histograms.MEAN_FAMILIES`
 POOL_TOKENS: Final = "pool_tokens"
 BLOCK_SIZE: Final = "block_size"
 
@@ -160,6 +165,7 @@ ENGINE_SIGNALS: Final = (
     POOL_TOKENS,
     BLOCK_SIZE,
     *SERVING_QUANTILES,
+    *SERVING_MEANS,
 )
 SIDECAR_SIGNALS: Final = (
     TOKEN_WEIGHTED,

@@ -47,6 +47,9 @@ LATENCY_SIGNALS = (  # what `simulator.forecast.cost_from_latencies` and `turn_o
     "prompt_tokens_per_s",
     "cached_tokens_per_s",
 )
+# what `turn_overhead` pairs with the turns: the engine's exact mean, its median where there is no mean,
+# and a gauge of every scrape (each sample's time bounds an interval, whether or not a request finished)
+OVERHEAD_SIGNALS = ("e2e_mean", "e2e_p50", "kv_usage")
 COST_POINTS = 4000
 ROWS = (
     ("R_t (whole run)", "r_t"),
@@ -177,7 +180,7 @@ def start(
             block_size=block_size(url, ref.engine_target_id),
             # the turn overhead pairs each engine interval with the turns finished in it: as recorded,
             # over the workload window (the cost model's 6 hours come averaged into coarser points)
-            e2e_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now, ("e2e_p50",)),
+            e2e_samples=latency_samples(url, ref.engine_target_id, now - WINDOW_S, now, OVERHEAD_SIGNALS),
         )
     except (ForecastError, data.DatabaseUnavailable) as exc:
         return None, str(exc)

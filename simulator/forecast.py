@@ -61,15 +61,28 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 * ``turn_overhead``: the part of a turn's latency, as the sidecar measures it
   (``latency_s``: forwarded to answered), that the engine's own clock does not
   account for: HTTP and tokenisation, or an engine process that falls behind
-  its work. For each engine interval of the workload window with an
-  ``e2e_p50`` (the engine's arrival-to-finish median) and turns recorded
-  finishing in it (after the interval's previous sample, up to its ``ts``):
-  the median ``latency_s`` of those turns minus ``e2e_p50``; the overhead is
-  the median of these over the intervals, at least 0 (0 with none). The
-  forecast delivers each finished turn that much later (``forecast_run``): a
-  session's next turn waits for the answer as the client saw it. On a real
-  engine it is milliseconds; a simulated engine run faster than real time on
-  a busy machine falls seconds behind, and sessions cycle that much slower.
+  its work. Each engine interval of the workload window (after the
+  interval's previous sample, up to its ``ts``) is paired with the turns
+  recorded finishing in it. Where intervals carry ``e2e_mean`` (the engine's
+  exact mean arrival-to-finish latency, from its histogram's sum and count),
+  the overhead is the turns' mean ``latency_s`` minus the engine's mean, the
+  engine's side weighted by the turns of each interval::
+
+      overhead = sum_i (sum of latency_s in i - n_i * e2e_mean_i) / sum_i n_i
+
+  over the intervals with both (a turn the scrape boundary moves into the next
+  interval meets a similar ``e2e_mean`` there, so the sum does not depend on
+  it as a per-interval figure would). Without any ``e2e_mean`` (an engine
+  without the histogram's ``_sum``, or rows recorded before the collectors kept
+  it) it falls back to ``e2e_p50``: the median over the intervals of the
+  turns' median ``latency_s`` minus ``e2e_p50``. That one is coarse: a
+  collapsed engine's ``e2e_p50`` is an interpolation inside buckets seconds
+  wide, which buried a 0.2-0.3 s overhead (docs/dashboard.md, "Validation").
+  Either is at least 0 (0 with nothing to pair). The forecast delivers each
+  finished turn that much later (``forecast_run``): a session's next turn
+  waits for the answer as the client saw it. On a real engine it is
+  milliseconds; a simulated engine run faster than real time on a busy
+  machine falls seconds behind, and sessions cycle that much slower.
 
 Nothing here reads the simulator's own settings (a ``SimConfig`` or the
 simulated engine's flags): the engine is what the collectors saw, even when
@@ -255,7 +268,8 @@ def turn_overhead(
     now: float,
     window_s: float = WINDOW_S,
 ) -> float:
-    """Seconds of a turn's sidecar latency beyond the engine's ``e2e_p50`` (module doc); samples need ``ts``."""
+    """Seconds of a turn's sidecar latency beyond the engine's own (module doc): from ``e2e_mean``
+    where the samples have it, else ``e2e_p50``; samples need ``ts``."""
     done = sorted(
         (ts, lat)
         for t in turns
@@ -264,21 +278,33 @@ def turn_overhead(
         and (lat := _num(t.get("latency_s"))) is not None
     )
     stamps = [ts for ts, _ in done]
-    by_ts: dict[float, float | None] = {}
+    means: dict[float, float] = {}
+    p50s: dict[float, float] = {}
     for s in samples:
         ts = _num(s.get("ts"))
-        if ts is not None and ts <= now:
-            e2e = _num(s.get("e2e_p50"))
-            by_ts[ts] = by_ts.get(ts) if e2e is None else e2e  # one value per time (any engine label)
-    times = sorted(by_ts)
+        if ts is None or ts > now:
+            continue
+        means.setdefault(ts, math.nan)  # every sample's time bounds an interval (any engine label)
+        for key, into in (("e2e_mean", means), ("e2e_p50", p50s)):
+            value = _num(s.get(key))
+            if value is not None:
+                into[ts] = value
+    times = sorted(means)
+    excess = paired = 0.0
     deltas = []
     for prev, ts in zip(times, times[1:], strict=False):
-        e2e = by_ts[ts]
-        if e2e is None or ts < now - window_s:
+        if ts < now - window_s:
             continue
         lats = [lat for _, lat in done[bisect.bisect_right(stamps, prev) : bisect.bisect_right(stamps, ts)]]
-        if lats:
-            deltas.append(statistics.median(lats) - e2e)
+        if not lats:
+            continue
+        if not math.isnan(means[ts]):
+            excess += sum(lats) - len(lats) * means[ts]
+            paired += len(lats)
+        if ts in p50s:
+            deltas.append(statistics.median(lats) - p50s[ts])
+    if paired:
+        return max(0.0, excess / paired)
     return max(0.0, statistics.median(deltas)) if deltas else 0.0
 
 
@@ -380,8 +406,8 @@ def forecast_inputs(
 ) -> ForecastInputs:
     """Everything a forecast runs on, from the collectors' rows only (``fit``: a fit file's ``set`` or None;
     ``block_size``: the engine's recorded KV block size, or None when the collectors have none;
-    ``e2e_samples``: the engine's ``e2e_p50`` samples with ``ts`` for ``turn_overhead``, as fine as
-    recorded over the workload window; None: ``latency_samples``)."""
+    ``e2e_samples``: the engine's ``e2e_mean`` and ``e2e_p50`` samples with ``ts`` for ``turn_overhead``,
+    as fine as recorded over the workload window; None: ``latency_samples``)."""
     pool = _int(pool_tokens)
     block = _int(block_size)
     if not block and fit is not None and "block_size" in fit:

@@ -24,6 +24,15 @@ estimated from it (`simulator.forecast`).
 
 Buckets are cumulative ``(upper bound, count)`` pairs, ascending, ``+Inf`` last. An interval with no
 new observations, a reset (a count went down) or changed bucket bounds gives no quantile (absent, not 0).
+
+**Interval means.** For the families in ``MEAN_FAMILIES`` the snapshot also keeps the ``_sum`` series
+of the name whose buckets it took (``<base>_sum``, summed over other labels), and the interval gives
+``<family>_mean``: the sum's increase divided by the ``+Inf`` bucket's (the count's). It is exact
+where a quantile is an interpolation inside a bucket: vLLM's e2e buckets are seconds wide above 10 s,
+so a collapsed engine's ``e2e_p50`` is known only to within them. The forecast's turn overhead
+compares ``e2e_mean`` with the sidecar's mean turn latency (`simulator.forecast`). No mean when the
+interval has no observation, no ``+Inf`` bucket, a reset of either series, or a sum missing on
+either side.
 """
 
 from __future__ import annotations
@@ -67,6 +76,8 @@ FAMILIES: dict[str, dict[str, tuple[str, ...]]] = {
     "decode_time": {"vllm": ("vllm:request_decode_time_seconds_bucket",)},
 }
 QUANTILES: tuple[tuple[float, str], ...] = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
+MEAN_FAMILIES: tuple[str, ...] = ("e2e",)  # families whose ``<family>_mean`` is a signal (module doc)
+Sums = tuple[tuple[str, float], ...]  # (family, cumulative ``_sum``) for the families of MEAN_FAMILIES
 BASES: frozenset[str] = frozenset(
     n.removesuffix("_bucket") for kinds in FAMILIES.values() for names in kinds.values() for n in names
 )
@@ -75,6 +86,25 @@ BASES: frozenset[str] = frozenset(
 def names_for(kind: str) -> dict[str, tuple[str, str]]:
     """Sample name -> (family, the name) for one dialect."""
     return {n: (family, n) for family, kinds in FAMILIES.items() for n in kinds.get(kind, ())}
+
+
+def sum_names_for(kind: str) -> dict[str, str]:
+    """``_sum`` sample name -> the ``_bucket`` name of its histogram, for the families of MEAN_FAMILIES."""
+    return {
+        n.removesuffix("_bucket") + "_sum": n
+        for family in MEAN_FAMILIES
+        for n in FAMILIES[family].get(kind, ())
+    }
+
+
+def pick_sums(kind: str, per_name: Mapping[str, Mapping[float, float]], sums: Mapping[str, float]) -> Sums:
+    """For each family of MEAN_FAMILIES, the ``_sum`` of the name whose buckets `pick` takes (when present)."""
+    out = []
+    for family in MEAN_FAMILIES:
+        name = next((n for n in FAMILIES[family].get(kind, ()) if n in per_name), None)
+        if name is not None and name in sums:
+            out.append((family, sums[name]))
+    return tuple(out)
 
 
 def pick(kind: str, family: str, per_name: Mapping[str, Mapping[float, float]]) -> Buckets:
@@ -141,4 +171,25 @@ def interval_quantiles(prev: Mapping[str, Buckets], cur: Mapping[str, Buckets]) 
             estimate = histogram_quantile(q, delta)
             if estimate is not None:
                 out[f"{family}_{suffix}"] = estimate
+    return out
+
+
+def interval_means(
+    prev: Mapping[str, Buckets],
+    prev_sums: Mapping[str, float],
+    cur: Mapping[str, Buckets],
+    cur_sums: Mapping[str, float],
+) -> dict[str, float]:
+    """``{"<family>_mean": value}`` for every family of MEAN_FAMILIES observed in the interval (module doc)."""
+    out: dict[str, float] = {}
+    for family in MEAN_FAMILIES:
+        delta = bucket_delta(prev.get(family, ()), cur.get(family, ()))
+        if delta is None or not math.isinf(delta[-1][0]) or delta[-1][1] <= 0:
+            continue
+        before, after = prev_sums.get(family), cur_sums.get(family)
+        if before is None or after is None:
+            continue
+        total = rates.counter_delta(before, after)
+        if total is not None:
+            out[f"{family}_mean"] = total / delta[-1][1]
     return out

@@ -2,7 +2,8 @@
 
 Gauges (KV usage, running and waiting requests, the pool) are taken from the newer snapshot;
 counters become per-second rates, the prefix-cache hit ratio a ratio of the interval's deltas,
-and histograms interval quantiles (`core.engine_metrics.histograms`). Rates are absent, not zero,
+and histograms interval quantiles and, for ``histograms.MEAN_FAMILIES``, interval means
+(`core.engine_metrics.histograms`). Rates are absent, not zero,
 across a reset, a restart, a gap longer than ``max_gap_s`` or without a previous snapshot.
 """
 
@@ -79,10 +80,10 @@ def interval_signals(
             hit = rates.ratio(deltas["prefix_cache_hits"], deltas["prefix_cache_queries"])
             if hit is not None:
                 values[sig.ENGINE_HIT_RATIO] = hit
+            before = {"ttft": prev.ttft_buckets, **dict(prev.histograms)}
+            after = {"ttft": cur.ttft_buckets, **dict(cur.histograms)}
+            values.update(hist.interval_quantiles(before, after))
             values.update(
-                hist.interval_quantiles(
-                    {"ttft": prev.ttft_buckets, **dict(prev.histograms)},
-                    {"ttft": cur.ttft_buckets, **dict(cur.histograms)},
-                )
+                hist.interval_means(before, dict(prev.histogram_sums), after, dict(cur.histogram_sums))
             )
     return IntervalSignals(values=values, reset=reset)

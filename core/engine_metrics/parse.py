@@ -142,6 +142,8 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
     gauges: dict[str, dict[str, float]] = {}
     buckets: dict[str, dict[str, dict[float, float]]] = {}  # label -> sample name -> le -> count
     hist_names = hist.names_for(kind)
+    sum_names = hist.sum_names_for(kind)
+    sums: dict[str, dict[str, float]] = {}  # label -> bucket name -> its ``_sum``
     pools: dict[str, int] = {}
     block_sizes: dict[str, int] = {}
     process_start: float | None = None
@@ -186,6 +188,9 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
                     continue
                 per_b = buckets.setdefault(label, {}).setdefault(name, {})
                 per_b[le] = per_b.get(le, 0.0) + value
+            elif name in sum_names:
+                per_s = sums.setdefault(label, {})
+                per_s[sum_names[name]] = per_s.get(sum_names[name], 0.0) + value
             elif name == _CACHE_CONFIG:
                 pool = _pool_from_cache_config(labels)
                 if pool is not None:
@@ -225,6 +230,7 @@ def _collect(families: Iterable[object], kind: Literal["vllm", "sglang"]) -> Par
             engine_label=label,
             ttft_buckets=hist.pick(kind, "ttft", per_name),
             histograms=tuple((f, b) for f, b in others if b),
+            histogram_sums=hist.pick_sums(kind, per_name, sums.get(label, {})),
             **fields,  # type: ignore[arg-type]
         )
     if kind == "sglang" and engines and all(e.cached_tokens is None for e in engines.values()):

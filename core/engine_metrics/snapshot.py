@@ -3,7 +3,8 @@ parsed page holding one per engine label. Pure.
 
 `sum_snapshots` sums them across engine labels: counters, running and waiting requests and the
 pool add up; KV usage is weighted by pool where every pool is known, else averaged; histogram
-buckets are merged (`core.engine_metrics.histograms.merge`).
+buckets are merged (`core.engine_metrics.histograms.merge`); a histogram's ``_sum`` adds up when
+every label with that histogram has one (else it is left out: a partial sum would give a wrong mean).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class EngineSnapshot:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     # The other serving histograms, (family, buckets) for each family present (see `histograms`).
     histograms: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
+    # The cumulative ``_sum`` of the families whose interval mean is a signal (`histograms.MEAN_FAMILIES`).
+    histogram_sums: hist.Sums = ()
 
     def hit_ratio_lifetime(self) -> float | None:
         """hits / queries since the engine started (not an interval rate)."""
@@ -100,6 +103,12 @@ def sum_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
             kv = sum(u for u, _ in usages) / len(usages)
     families = sorted({f for item in items for f, _ in item.histograms})
     others = tuple((f, hist.merge(dict(item.histograms).get(f, ()) for item in items)) for f in families)
+    sums = []
+    for family in sorted({f for item in items for f, _ in item.histogram_sums}):
+        having = [item for item in items if dict(item.histograms).get(family)]
+        parts = [dict(item.histogram_sums).get(family) for item in having]
+        if parts and all(p is not None for p in parts):
+            sums.append((family, sum(p for p in parts if p is not None)))
     return EngineSnapshot(
         engine_label="",
         prefix_cache_queries=summed["prefix_cache_queries"],
@@ -115,4 +124,5 @@ def sum_snapshots(snapshots: Iterable[EngineSnapshot]) -> EngineSnapshot:
         block_size=max((i.block_size for i in items if i.block_size is not None), default=None),
         ttft_buckets=hist.merge(item.ttft_buckets for item in items),
         histograms=others,
+        histogram_sums=tuple(sums),
     )

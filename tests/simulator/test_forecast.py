@@ -443,6 +443,35 @@ def test_turn_overhead_is_the_sidecars_latency_beyond_the_engines_own() -> None:
     assert turn_overhead(rows, [{k: v for k, v in s.items() if k != "ts"} for s in samples], 130.0) == 0.0
 
 
+def test_turn_overhead_from_exact_means_weighs_the_engines_side_by_the_turns_of_each_interval() -> None:
+    samples = [
+        {"ts": 100.0, "kv_usage": 0.1},
+        {"ts": 110.0, "e2e_mean": 20.0, "e2e_p50": 25.0},  # p50 inside a wide bucket: not used
+        {"ts": 120.0, "kv_usage": 0.2},  # no request finished: its turns are not compared
+        {"ts": 130.0, "e2e_mean": 2.0, "e2e_p50": 9.0},
+        {"ts": 140.0, "e2e_p50": 1.0},  # a p50 without a mean: the means decide where there are any
+    ]
+    rows = [
+        turn(1, 105.0, "a", 1, 0, 1, latency=20.5),  # (100, 110]: 20.5 + 20.3 - 2 * 20.0
+        turn(2, 108.0, "b", 1, 0, 1, latency=20.3),
+        turn(3, 115.0, "a", 1, 0, 1, latency=99.0),  # (110, 120]: no engine mean
+        turn(4, 125.0, "b", 1, 0, 1, latency=2.1),  # (120, 130]: 2.1 + 2.3 + 2.5 - 3 * 2.0
+        turn(5, 126.0, "a", 1, 0, 1, latency=2.3),
+        turn(6, 129.0, "c", 1, 0, 1, latency=2.5),
+        turn(7, 135.0, "c", 1, 0, 1, latency=50.0),  # (130, 140]: p50 only, not mixed in
+    ]
+    assert turn_overhead(rows, samples, now=140.0) == pytest.approx((0.8 + 0.9) / 5)
+    # the interpolated p50s alone (the old estimate) read these intervals as faster than the engine
+    p50_only = [{k: v for k, v in s.items() if k != "e2e_mean"} for s in samples]
+    assert turn_overhead(rows[:-1], p50_only, now=140.0) == 0.0
+    # a turn the scrape boundary moved into the next interval changes nothing in the sum
+    moved = [dict(r, ts=111.0) if r["id"] == 2 else r for r in rows if r["id"] != 3]
+    shifted = [dict(s, e2e_mean=20.0) if s["ts"] == 120.0 else s for s in samples]
+    assert turn_overhead(moved, shifted, now=140.0) == pytest.approx((0.8 + 0.9) / 5)
+    assert turn_overhead(rows[3:6], samples, now=140.0) == pytest.approx(0.9 / 3)
+    assert turn_overhead([dict(r, latency_s=1.0) for r in rows[3:6]], samples, now=140.0) == 0.0  # at least 0
+
+
 def test_a_turn_overhead_delays_each_answer_and_the_sessions_next_turn() -> None:
     def run(overhead: float) -> dict:
         inputs = ForecastInputs(
