@@ -50,6 +50,11 @@ LATENCY_SIGNALS = (  # what `simulator.forecast.cost_from_latencies` and `turn_o
 # what `turn_overhead` pairs with the turns: the engine's exact mean, its median where there is no mean,
 # and a gauge of every scrape (each sample's time bounds an interval, whether or not a request finished)
 OVERHEAD_SIGNALS = ("e2e_mean", "e2e_p50", "kv_usage")
+OVERHEAD_BASIS = {  # the caption's words for `ForecastInputs.turn_overhead_from`
+    "e2e_mean": "against its exact mean latency",
+    "e2e_p50": "against its median latency, inside histogram buckets: coarse",
+    "none": "no engine latency to compare with",
+}
 COST_POINTS = 4000
 ROWS = (
     ("R_t (whole run)", "r_t"),
@@ -246,9 +251,16 @@ def section(
                 f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
                 f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
                 f"{job.inputs.engine.pool_tokens} tokens in blocks of {job.inputs.engine.block_size}; "
-                f"{job.inputs.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own; "
+                f"{job.inputs.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own "
+                f"({OVERHEAD_BASIS.get(job.inputs.turn_overhead_from, job.inputs.turn_overhead_from)}); "
                 f"cost model from {job.inputs.cost_source} "
-                f"({st.session_state.get(key + '_note', '')}); ran in {job.finished - job.started:.1f} s."
+                f"({st.session_state.get(key + '_note', '')}"
+                + (
+                    f"; {', '.join(job.inputs.cost_estimated)} from the recorded latencies"
+                    if job.inputs.cost_estimated
+                    else ""
+                )
+                + f"); ran in {job.finished - job.started:.1f} s."
             )
         )
         a, b = (r["summary"] for r in job.results)

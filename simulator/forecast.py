@@ -32,7 +32,19 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   - ``shared_prefix``: the median cached tokens of arrivals' first turns (what
     a new session finds cached: the shared system prompt).
 * ``cost_from_fit``: the cost model of a ``simulator fit`` file (``fit.json``'s
-  ``set``); ``cost_from_latencies``: one estimated from the engine's recorded
+  ``set``). ``cost_with_fit`` is what a forecast with a fit runs on: the
+  prefill terms (``prefill_per_token_s``, ``prefill_attention_s``) are the
+  fit's, whose probes vary the prompt's size and so separate the attention
+  term, which the recorded signals cannot (below); the per-step terms
+  (``step_overhead_s``, ``decode_per_ctx_token_s``) are the recorded
+  latencies' where they give an estimate (source ``fit+latencies``,
+  ``ForecastInputs.cost_estimated`` names them), else the fit's. The recorded
+  intervals observe the engine's own batches and contexts (a collapsed
+  engine: hundreds of thousands of tokens), where the fit's decode probes (at
+  most 8 requests of 4K) extrapolate, and on a fast engine time steps below
+  their resolution: probing the simulated engine at x10 gave a decode term
+  of 0 on two seeds and 8x the engine's own on the third.
+  ``cost_from_latencies``: one estimated from the engine's recorded
   signals, all in wall-clock seconds, by least squares over the intervals of the
   last ``COST_WINDOW_S`` (the cost model is the engine's, not the workload's, so
   it looks further back than the workload window). It uses only signals that
@@ -99,7 +111,7 @@ import bisect
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from core.attribution import DEFAULT_BLOCK_SIZE
@@ -147,11 +159,15 @@ class Shapes:
 class ForecastInputs:
     engine: EngineConfig
     cost: CostModel
-    cost_source: str  # "fit" | "latencies"
+    cost_source: str  # "fit" | "fit+latencies" | "latencies"
     sessions: tuple[StartSession, ...]
     shapes: Shapes
     output_budget: int  # what clients declare to the budgeter (the current config's default)
     turn_overhead_s: float = 0.0  # latency outside the engine's clock, per turn (``turn_overhead``)
+    turn_overhead_from: str = "none"  # what it rests on (``turn_overhead_basis``)
+    cost_estimated: tuple[
+        str, ...
+    ] = ()  # the fit's unresolved terms taken from the latencies (``cost_with_fit``)
 
 
 def _int(value: Any) -> int:
@@ -268,8 +284,18 @@ def turn_overhead(
     now: float,
     window_s: float = WINDOW_S,
 ) -> float:
-    """Seconds of a turn's sidecar latency beyond the engine's own (module doc): from ``e2e_mean``
-    where the samples have it, else ``e2e_p50``; samples need ``ts``."""
+    """Seconds of a turn's sidecar latency beyond the engine's own (module doc); samples need ``ts``."""
+    return turn_overhead_basis(turns, samples, now, window_s)[0]
+
+
+def turn_overhead_basis(
+    turns: Iterable[Mapping[str, Any]],
+    samples: Iterable[Mapping[str, Any]],
+    now: float,
+    window_s: float = WINDOW_S,
+) -> tuple[float, str]:
+    """``turn_overhead`` and what it rests on: ``"e2e_mean"`` (exact means), ``"e2e_p50"`` (the
+    fallback) or ``"none"`` (no engine interval with turns to pair: 0)."""
     done = sorted(
         (ts, lat)
         for t in turns
@@ -304,8 +330,8 @@ def turn_overhead(
         if ts in p50s:
             deltas.append(statistics.median(lats) - p50s[ts])
     if paired:
-        return max(0.0, excess / paired)
-    return max(0.0, statistics.median(deltas)) if deltas else 0.0
+        return max(0.0, excess / paired), "e2e_mean"
+    return (max(0.0, statistics.median(deltas)), "e2e_p50") if deltas else (0.0, "none")
 
 
 _COST_KEYS = tuple(f.name for f in fields(CostModel))
@@ -391,6 +417,25 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]], pool_tokens: float
     )
 
 
+STEP_TERMS = ("step_overhead_s", "decode_per_ctx_token_s")  # from the recorded latencies, with a fit
+
+
+def cost_with_fit(
+    fit: Mapping[str, Any], samples: Iterable[Mapping[str, Any]], pool_tokens: float | None = None
+) -> tuple[CostModel, str, tuple[str, ...]]:
+    """The fit's prefill terms with the recorded latencies' per-step terms where they give an estimate
+    (module doc): ``(cost, source, the terms taken from the latencies)``."""
+    cost = cost_from_fit(fit)
+    try:
+        est = cost_from_latencies(samples, pool_tokens)
+    except ForecastError:
+        return cost, "fit", ()
+    terms = tuple(k for k in STEP_TERMS if getattr(est, k) > 0)
+    if not terms:
+        return cost, "fit", ()
+    return replace(cost, **{k: getattr(est, k) for k in terms}), "fit+latencies", terms
+
+
 def forecast_inputs(
     *,
     pool_tokens: Any,
@@ -434,10 +479,14 @@ def forecast_inputs(
             f"too few turns recorded in the last {window_s / 60:g} minutes "
             f"({shapes.turns_seen}) to draw turn sizes and tool gaps from"
         )
+    estimated: tuple[str, ...] = ()
     if fit is not None:
-        cost, source = cost_from_fit(fit), "fit"
+        cost, source, estimated = cost_with_fit(fit, samples, pool)
     else:
         cost, source = cost_from_latencies(samples, pool), "latencies"
+    overhead, basis = turn_overhead_basis(
+        turns, samples if e2e_samples is None else e2e_samples, now, window_s
+    )
     return ForecastInputs(
         engine=EngineConfig(pool_tokens=pool, block_size=block),
         cost=cost,
@@ -445,5 +494,7 @@ def forecast_inputs(
         sessions=sessions,
         shapes=shapes,
         output_budget=current.default_output_budget,
-        turn_overhead_s=turn_overhead(turns, samples if e2e_samples is None else e2e_samples, now, window_s),
+        turn_overhead_s=overhead,
+        turn_overhead_from=basis,
+        cost_estimated=estimated,
     )

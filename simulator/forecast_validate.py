@@ -7,7 +7,8 @@ For each seed, on loopback ports of its own:
    not needed, its code runs here) and sets the sidecar's mode to ``off`` as the demo does;
 2. lets it run under ``off`` for ``--warm`` wall minutes (the engine collapses);
 3. takes the preview of ``budgeter-park`` through the Budgeter page's own code
-   (``dashboard.forecast_view.start``: the collectors' database only, no fit file unless ``--fit``)
+   (``dashboard.forecast_view.start``: the collectors' database only, no fit file unless ``--fit`` or
+   ``--fit-engine``)
    for ``--after`` minutes, and at once applies ``budgeter-park`` for real through the sidecar's
    authenticated control API (``PUT /control/budgeter``, recorded in its audit log);
 4. after ``--after`` wall minutes compares the preview with what happened: R_t of the turns that
@@ -15,6 +16,12 @@ For each seed, on loopback ports of its own:
    ``r_t``, and the sidecar's parked sessions at the end (``GET /state``) against the preview's
    ``parked_end``. Within tolerance: R_t within ``R_T_TOLERANCE``, parked within
    ``PARKED_TOLERANCE`` of what happened or ``PARKED_MIN_SESSIONS``, whichever is larger.
+
+``--fit-engine`` is the operator's path for an engine they have fitted: each seed's engine, once up
+and before any load reaches it, is probed with ``simulator fit`` (about 2 s) and the preview is taken
+with that file as ``PREFIXOPS_FIT`` (the fit's prefill terms, the recorded latencies' per-step terms:
+``simulator.forecast.cost_with_fit``); the preview without the fit is taken at the same moment and
+reported beside it (``preview_without_fit``, ``within_without_fit``).
 
 The simulated engine's lag behind wall-clock time (``/sim/state``) is reported: a machine too busy
 to keep the engine at its time scale runs a slower engine than the one the collectors recorded. So are
@@ -39,6 +46,8 @@ import json
 import logging
 import secrets
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -123,6 +132,19 @@ def latency_outside(
     return round(sum(ok) / len(ok) - (last[0] - first[0]) / (last[1] - first[1]), 3)
 
 
+def fit_engine(engine: str, out: Path) -> str:
+    """``simulator fit`` of the (idle) engine into ``out``; its path, for the preview's ``PREFIXOPS_FIT``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", "fit", "--engine", engine, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"simulator fit of {engine} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return str(out)
+
+
 def _lag(engine: str) -> float | None:
     try:
         s = httpx.get(f"{engine}/sim/state", timeout=5).json()
@@ -161,6 +183,11 @@ def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, A
     if job is None:
         raise RuntimeError(f"no forecast: {note}")
     return job, {"state_age_s": round(time.time() - side["ts"], 1), "note": note}
+
+
+def _cost_fields(cost: Any) -> dict[str, float]:
+    keys = ("step_overhead_s", "prefill_per_token_s", "prefill_attention_s", "decode_per_ctx_token_s")
+    return {k: float(f"{getattr(cost, k):.4g}") for k in keys}
 
 
 def true_cost_preview(job: Any, speed: float) -> dict[str, Any]:
@@ -209,11 +236,14 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
     with _MIGRATING:
         ensure_admin_account(url, secrets.token_urlsafe(12))
     lags: list[float] = []
+    fit = args.fit
     try:
         for s in services:
             s.start()
             if s.ready_url:
                 wait_ready(s, timeout=90)
+            if s.name == "simulator" and args.fit_engine:
+                fit = fit_engine(engine, data_dir / "fit.json")
             if s.name == "sidecar":
                 set_control_mode(sidecar, token, "off")
         started = time.time()
@@ -228,7 +258,9 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
                 if s.proc is not None and s.proc.poll() is not None:
                     raise RuntimeError(f"{s.name} exited ({s.proc.returncode}):\n{s.tail()}")
         at_switch = e2e_totals(engine)
-        job, info = preview(url, args.after, args.fit)
+        job, info = preview(url, args.after, fit)
+        # with a fit, the preview without one too (the same database, a moment later): what the fit changes
+        plain = preview(url, args.after, None)[0] if fit else None
         switched = time.time()
         set_control_mode(sidecar, token, MODE)
         parked_seen = []
@@ -249,10 +281,11 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             ),
             "after": latency_outside(turns, at_switch, at_end),
         }
-        while job.finished is None:
-            time.sleep(0.5)
-        if job.error:
-            raise RuntimeError(f"the forecast failed: {job.error}")
+        for j in (job, plain):
+            while j is not None and j.finished is None:
+                time.sleep(0.5)
+            if j is not None and j.error:
+                raise RuntimeError(f"the forecast failed: {j.error}")
         cur, prop = (r["summary"] for r in job.results)
         actual = {
             "r_t": actual_r_t(turns),
@@ -265,6 +298,14 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
         }
         cost = job.inputs.cost
         truth = true_cost_preview(job, args.speed) if args.truth else {}
+        if plain is not None:
+            p = plain.results[1]["summary"]
+            without = {k: p[k] for k in ("r_t", "turns_per_s", "parked_end", "parked_mean")}
+            truth |= {
+                "preview_without_fit": without,
+                "within_without_fit": within(without, actual),
+                "cost_without_fit": _cost_fields(plain.inputs.cost),
+            }
         return {
             "seed": seed,
             "speed": args.speed,
@@ -276,13 +317,12 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             "within": within(predicted, actual),
             "forecast_wall_s": round(job.finished - job.started, 2),
             "cost_source": job.inputs.cost_source,
-            "cost": {
-                k: float(f"{getattr(cost, k):.4g}")
-                for k in ("step_overhead_s", "prefill_per_token_s", "decode_per_ctx_token_s")
-            },
+            "cost_estimated": list(job.inputs.cost_estimated),
+            "cost": _cost_fields(cost),
             "sessions_at_start": len(job.inputs.sessions),
             "arrivals_per_min": round(job.inputs.shapes.arrival_rate * 60, 2),
             "turn_overhead_s": round(job.inputs.turn_overhead_s, 3),
+            "turn_overhead_from": job.inputs.turn_overhead_from,
             "latency_outside_s": outside,
             **truth,
             "engine_lag_max_s": max(lags, default=None),
@@ -307,6 +347,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="a `simulator fit` file of the engine (default: none, as on a "
         "fresh install: the cost model is estimated from recorded latencies)",
+    )
+    p.add_argument(
+        "--fit-engine",
+        action="store_true",
+        help="probe each seed's engine with `simulator fit` before its load starts and preview with "
+        "that fit (the path of an operator who fitted the engine)",
     )
     p.add_argument("--parallel", action="store_true", help="run the seeds at once (ports of their own)")
     p.add_argument(

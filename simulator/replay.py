@@ -6,7 +6,7 @@ Inputs come from the bundle only (never the simulator's own settings), through `
 - the engine: its KV pool (the newest ``pool_tokens`` sample at or before T), its KV block size (the
   newest ``block_size`` sample, else `core.attribution.DEFAULT_BLOCK_SIZE`) and a cost model
   estimated from its recorded latency signals (`simulator.forecast.cost_from_latencies`), and the turn
-  latency outside the engine's clock (`simulator.forecast.turn_overhead`);
+  latency outside the engine's clock (`simulator.forecast.turn_overhead_basis`);
 - the sessions in the system at T: those with a recorded turn before T (within ``IDLE_S``) and one
   after it, as admitted sessions with their context (prompt + completion of their last turn before T)
   and the turns done;
@@ -38,7 +38,7 @@ from simulator.forecast import (
     cost_from_latencies,
     shapes_from_turns,
     start_sessions,
-    turn_overhead,
+    turn_overhead_basis,
 )
 from simulator.forecast_run import run_forecast
 
@@ -94,6 +94,7 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
             f"too few turns before --at in the bundle ({shapes.turns_seen}) to draw turn sizes and "
             "tool gaps from"
         )
+    overhead, basis = turn_overhead_basis(before, eng, at)
     return ForecastInputs(
         engine=EngineConfig(
             pool_tokens=int(pools[-1]), block_size=int(blocks[-1]) if blocks else DEFAULT_BLOCK_SIZE
@@ -103,7 +104,8 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
         sessions=sessions,
         shapes=shapes,
         output_budget=config.default_output_budget,
-        turn_overhead_s=turn_overhead(before, eng, at),
+        turn_overhead_s=overhead,
+        turn_overhead_from=basis,
     )
 
 
@@ -136,6 +138,8 @@ def replay(
         "at": at,
         "engine": doc["engine"],
         "cost_source": inputs.cost_source,
+        "turn_overhead_s": round(inputs.turn_overhead_s, 3),
+        "turn_overhead_from": inputs.turn_overhead_from,
         "recorded_r_t": round(sum(t["cached_tokens"] for t in recorded) / prompt, 4) if prompt else None,
     }
     return {"summary": summary, "series": s}

@@ -75,6 +75,7 @@ def test_the_budgeter_park_preview_foresees_the_switched_demos_recovery_within_t
         after=AFTER_MIN,
         speed=SPEED,
         fit=None,
+        fit_engine=False,
         parallel=True,
         truth=False,
         data_dir=tmp_path,

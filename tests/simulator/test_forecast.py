@@ -8,16 +8,19 @@ from core.attribution import DEFAULT_BLOCK_SIZE
 from core.budgeter import BudgeterConfig
 from simulator.config import CostModel, EngineConfig
 from simulator.forecast import (
+    STEP_TERMS,
     ForecastError,
     ForecastInputs,
     Shapes,
     StartSession,
     cost_from_fit,
     cost_from_latencies,
+    cost_with_fit,
     forecast_inputs,
     shapes_from_turns,
     start_sessions,
     turn_overhead,
+    turn_overhead_basis,
 )
 from simulator.forecast_run import run_forecast
 
@@ -232,6 +235,36 @@ def test_cost_from_latencies_without_prefill_variation_fits_the_decode_line_only
     assert cost.step_overhead_s == pytest.approx(T0, rel=1e-9)
     assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)
     assert cost.prefill_per_token_s == 0.0
+
+
+def test_with_a_fit_the_prefill_terms_are_the_fits_and_the_step_terms_the_recorded_latencies() -> None:
+    samples = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED]
+    # a fit of an engine whose decode steps were below its probes' timing: decode term 0
+    fit = {
+        "step_overhead_s": "0.0005",
+        "prefill_per_token_s": "4.4e-06",
+        "prefill_attention_s": "4.8e-10",
+        "decode_per_ctx_token_s": "0",
+    }
+    cost, source, terms = cost_with_fit(fit, samples, POOL)
+    assert (source, terms) == ("fit+latencies", ("step_overhead_s", "decode_per_ctx_token_s"))
+    assert cost.step_overhead_s == pytest.approx(T0, rel=1e-9)  # the latencies' estimates
+    assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)
+    assert (cost.prefill_per_token_s, cost.prefill_attention_s) == (4.4e-06, 4.8e-10)  # the fit's
+    # a fit's decode term, resolved or not, gives way to the recorded one; without one the fit is whole
+    assert cost_with_fit(dict(fit, decode_per_ctx_token_s="3e-08"), samples, POOL)[0] == cost
+    assert cost_with_fit(fit, samples[:2], POOL) == (cost_from_fit(fit), "fit", ())  # too few intervals
+    # through forecast_inputs: the inputs say which terms came from the latencies
+    inputs = forecast_inputs(
+        pool_tokens=POOL,
+        session_rows=[],
+        turn_rows=[turn(1, NOW - 60, "a", 3000, 0, 100), turn(2, NOW - 30, "a", 3200, 3000, 100)],
+        latency_samples=samples,
+        fit=fit,
+        current=BudgeterConfig(),
+        now=NOW,
+    )
+    assert (inputs.cost_source, inputs.cost_estimated) == ("fit+latencies", STEP_TERMS)
 
 
 def test_cost_from_latencies_names_what_is_missing() -> None:
@@ -461,9 +494,11 @@ def test_turn_overhead_from_exact_means_weighs_the_engines_side_by_the_turns_of_
         turn(7, 135.0, "c", 1, 0, 1, latency=50.0),  # (130, 140]: p50 only, not mixed in
     ]
     assert turn_overhead(rows, samples, now=140.0) == pytest.approx((0.8 + 0.9) / 5)
+    assert turn_overhead_basis(rows, samples, now=140.0)[1] == "e2e_mean"
     # the interpolated p50s alone (the old estimate) read these intervals as faster than the engine
     p50_only = [{k: v for k, v in s.items() if k != "e2e_mean"} for s in samples]
-    assert turn_overhead(rows[:-1], p50_only, now=140.0) == 0.0
+    assert turn_overhead_basis(rows[:-1], p50_only, now=140.0) == (0.0, "e2e_p50")
+    assert turn_overhead_basis(rows, [], now=140.0) == (0.0, "none")
     # a turn the scrape boundary moved into the next interval changes nothing in the sum
     moved = [dict(r, ts=111.0) if r["id"] == 2 else r for r in rows if r["id"] != 3]
     shifted = [dict(s, e2e_mean=20.0) if s["ts"] == 120.0 else s for s in samples]

@@ -10,9 +10,10 @@ import pytest
 
 from collectors.__main__ import main as collectors_main
 from collectors.incident import read_bundle, write_bundle
+from core.budgeter import BudgeterConfig
 from core.runs import RunVerdict
 from simulator.__main__ import main as simulator_main
-from simulator.replay import replay
+from simulator.replay import replay, replay_inputs
 from tests.dashboard.fill import COLLAPSE_AGO, filled_engine
 
 
@@ -83,6 +84,8 @@ def test_export_open_replay_gives_the_run_summary_fields(
         and summary["sessions_at_start"] == 12
         and summary["cost_source"] == "latencies"
     )
+    # the filled engine has no e2e latency: nothing outside the engine's clock to put in, and it says so
+    assert (summary["turn_overhead_s"], summary["turn_overhead_from"]) == (0.0, "none")
     assert (
         summary["recorded_r_t"] is not None and summary["recorded_r_t"] < 0.5
     )  # what the bundle saw: collapse
@@ -96,3 +99,25 @@ def test_replay_errors_name_the_problem(
     path, now = bundle
     assert simulator_main(["replay", str(path), "--control", "budgeter-park", "--at", str(now)]) == 2
     assert "outside the bundle's range" in capsys.readouterr().err
+
+
+def test_replay_puts_in_the_latency_outside_the_engine_from_the_bundles_exact_means(
+    bundle: tuple[Path, float],
+) -> None:
+    path, now = bundle
+    at = now - COLLAPSE_AGO
+    doc = read_bundle(path)
+    eng = next(t["url"] for t in doc["targets"] if t["role"] == "engine")
+    ts = [s for s in doc["series"] if s["target"] == eng and s["signal"] == "requests_running"][0]["ts"]
+    doc["series"].append(
+        {"target": eng, "engine": None, "signal": "e2e_mean", "ts": ts, "value": [0.25] * len(ts)}
+    )
+    inputs = replay_inputs(doc, at, BudgeterConfig(mode="budgeter-park"))
+    first = min(t for t in ts if t <= at)
+    paired = [
+        t["latency_s"]
+        for t in doc["turns"]
+        if t["outcome"] == "ok" and first < t["ts"] <= max(t for t in ts if t <= at)
+    ]
+    assert inputs.turn_overhead_from == "e2e_mean"
+    assert inputs.turn_overhead_s == pytest.approx(max(0.0, sum(paired) / len(paired) - 0.25))
