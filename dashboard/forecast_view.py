@@ -103,6 +103,32 @@ class Job:
         self.finished = time.time()
 
 
+NO_FIT_WARNING = (
+    "without a fit the attention cost of long contexts is folded into the prefill cost, so a recovery "
+    "runs fast here (on the validation, up to ~20% more turns/s): fit the engine with `python -m "
+    "simulator fit` and name the file in PREFIXOPS_FIT"
+)
+
+
+def caption(job: Job, note: str) -> str:
+    """What the forecast ran on, under its table: start, workload, engine, overhead and cost model."""
+    i, sh = job.inputs, job.inputs.shapes
+    cost = f"cost model from {i.cost_source} ({note}"
+    if i.cost_estimated:
+        cost += f"; {', '.join(i.cost_estimated)} from the recorded latencies"
+    cost += ")"
+    if i.cost_source == "latencies":
+        cost += f"; {NO_FIT_WARNING}"
+    ran = f"; ran in {job.finished - job.started:.1f} s." if job.finished is not None else "."
+    return (
+        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now; new sessions at "
+        f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
+        f"{i.engine.pool_tokens} tokens in blocks of {i.engine.block_size}; "
+        f"{i.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own "
+        f"({OVERHEAD_BASIS.get(i.turn_overhead_from, i.turn_overhead_from)}); {cost}{ran}"
+    )
+
+
 def turn_rows(url: str, sidecar_id: int, since: float) -> list[dict[str, Any]]:
     """The sidecar's stored turns since ``since`` (``db.queries.turns``), keyed as `simulator.forecast` reads them."""
     found = data._read(url, stored_turns, target_id=sidecar_id, start_ts=since)
@@ -245,24 +271,7 @@ def section(
         if job.error:
             st.error(escape_md(f"The forecast failed: {job.error}"))
             return
-        sh = job.inputs.shapes
-        st.caption(
-            escape_md(
-                f"{job.minutes:g} minutes from {len(job.inputs.sessions)} sessions as of now; new sessions at "
-                f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
-                f"{job.inputs.engine.pool_tokens} tokens in blocks of {job.inputs.engine.block_size}; "
-                f"{job.inputs.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own "
-                f"({OVERHEAD_BASIS.get(job.inputs.turn_overhead_from, job.inputs.turn_overhead_from)}); "
-                f"cost model from {job.inputs.cost_source} "
-                f"({st.session_state.get(key + '_note', '')}"
-                + (
-                    f"; {', '.join(job.inputs.cost_estimated)} from the recorded latencies"
-                    if job.inputs.cost_estimated
-                    else ""
-                )
-                + f"); ran in {job.finished - job.started:.1f} s."
-            )
-        )
+        st.caption(escape_md(caption(job, st.session_state.get(key + "_note", ""))))
         a, b = (r["summary"] for r in job.results)
         table = pd.DataFrame(
             {

@@ -162,6 +162,39 @@ def test_forecast_fit_file_is_used_only_for_the_engine_it_names(tmp_path) -> Non
     )
 
 
+def test_the_forecast_caption_says_what_the_forecast_ran_on() -> None:
+    import dataclasses
+
+    from dashboard.forecast_view import NO_FIT_WARNING, Job, caption
+    from simulator.config import CostModel, EngineConfig
+    from simulator.forecast import ForecastInputs, Shapes
+
+    inputs = ForecastInputs(
+        engine=EngineConfig(pool_tokens=400_000, block_size=16),
+        cost=CostModel(),
+        cost_source="fit+latencies",
+        sessions=(),
+        shapes=Shapes(0.5, (1000,), (100,), (10,), (1.0,), (20,), 0, 321),
+        output_budget=10,
+        turn_overhead_s=0.25,
+        turn_overhead_from="e2e_mean",
+        cost_estimated=("step_overhead_s", "decode_per_ctx_token_s"),
+    )
+    job = Job(inputs, (BudgeterConfig(), BudgeterConfig()), 30.0, started=100.0, finished=101.5)
+    assert caption(job, "fit file f.json") == (
+        "30 minutes from 0 sessions as of now; new sessions at 30.00/min and turn shapes from 321 recorded "
+        "turns; pool 400000 tokens in blocks of 16; 0.25 s of each turn's recorded latency outside the "
+        "engine's own (against its exact mean latency); cost model from fit+latencies (fit file f.json; "
+        "step_overhead_s, decode_per_ctx_token_s from the recorded latencies); ran in 1.5 s."
+    )
+    bare = dataclasses.replace(
+        inputs, cost_source="latencies", cost_estimated=(), turn_overhead_from="e2e_p50"
+    )
+    text = caption(dataclasses.replace(job, inputs=bare), "no fit file (PREFIXOPS_FIT unset)")
+    assert "(against its median latency, inside histogram buckets: coarse)" in text
+    assert text.endswith(f"(no fit file (PREFIXOPS_FIT unset)); {NO_FIT_WARNING}; ran in 1.5 s.")
+
+
 def test_a_subtree_with_no_completed_turn_was_never_hit() -> None:
     # the tracker reports last_seen 0 for a subtree known only from a turn in flight: the Compaction page
     # showed "20788.8 d ago" for it in the rag demo
