@@ -95,13 +95,17 @@ class Engine:
             watch.block_size = self.block_size
 
     # ------------------------------------------------------------------ inputs
-    def add_request(self, req: Request) -> None:
+    def check_request(self, req: Request) -> None:
+        """Raise ``RequestTooLong`` when ``req`` could never fit the pool (``add_request`` checks it too)."""
         if cdiv(req.prompt_tokens + req.max_tokens, self.block_size) > self.pool.num_blocks:
             raise RequestTooLong(
                 f"request {req.id} needs up to {req.prompt_tokens + req.max_tokens} tokens of KV "
                 f"({req.prompt_tokens} prompt + {req.max_tokens} max_tokens); the pool holds "
                 f"{self.pool.num_blocks * self.block_size}: lower max_tokens or raise the pool size"
             )
+
+    def add_request(self, req: Request) -> None:
+        self.check_request(req)
         req.table = self.pool.new_table()
         req.status = WAITING
         self.waiting.append(req)

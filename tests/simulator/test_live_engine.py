@@ -1,0 +1,72 @@
+"""simulator/live_engine.py: an engine behind its clock serves a request no sooner than the cost model allows."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.config import CostModel, EngineConfig
+from simulator.engine import ABORTED, FINISHED, Engine
+from simulator.live_engine import LiveEngine
+from tests.simulator.test_engine import content, request
+
+COST = CostModel(
+    step_overhead_s=0.01, prefill_per_token_s=1e-3, prefill_attention_s=0.0, decode_per_ctx_token_s=0.0
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_request_arriving_while_the_engine_is_behind_joins_when_the_engine_reaches_it() -> None:
+    clock = Clock()
+    live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=10.0, clock=clock)
+    # a 5,000-token prefill: 0.01 + 8192-token chunks... one step of 5.01 simulated seconds, from t = 0
+    long = request("long", 5000, 2, c=content("long"))
+    live.submit(long)
+    clock.t = 0.1  # simulated 1.0: the loop runs the first step, which ends at 5.01
+    live.advance()
+    assert live.engine.now == pytest.approx(5.01) and long.first_scheduled == 0.0
+    clock.t = 0.2  # simulated 2.0: the engine is 3 s ahead of its clock; a request now is added at once
+    early = request("early", 10, 1, c=content("early"))
+    live.submit(early)
+    assert early.arrival == 2.0 and early in live.engine.waiting
+    # the engine falls behind: its clock runs on to 20.0 while the loop has not stepped
+    clock.t = 2.0
+    live.advance()  # everything up to 20.0 is done; the engine is idle at 20.0
+    clock.t = 2.5  # simulated 25.0: idle, so the engine starts at the request's arrival
+    live.submit(late := request("late", 3000, 50, c=content("late")))
+    assert late in live.engine.waiting
+    live.engine.run_until(25.001)  # one step: 3,000 prefill tokens and the first answer token, to 28.01
+    assert live.engine.now == pytest.approx(28.01) and late.status != FINISHED
+    clock.t = 3.0  # simulated 30.0, the engine busy at 28.01: behind its clock
+    # a request arriving now must not join a step that began at 28.01, before it arrived
+    live.submit(behind := request("behind", 10, 1, c=content("behind")))
+    assert behind.arrival == 30.0 and behind not in live.engine.waiting
+    live.advance()  # "late" finishes at 28.5; the engine, then idle, reaches 30.0 and takes "behind" in
+    assert behind in live.engine.waiting and behind.first_scheduled is None
+    clock.t = 3.01
+    live.advance()
+    assert behind.first_scheduled is not None and behind.first_scheduled >= behind.arrival
+    assert all(r.status == FINISHED for r in (long, early, behind))
+    # the answer carries no time the engine did not spend: one decode step after its arrival
+    assert behind.finish_time - behind.arrival < 0.05
+
+
+def test_a_request_aborted_before_the_engine_reached_it_is_aborted() -> None:
+    clock = Clock()
+    live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=10.0, clock=clock)
+    live.submit(request("long", 5000, 2, c=content("long")))
+    live.engine.run_until(0.001)  # one step, to 5.01
+    clock.t = 0.1  # simulated 1.0: the engine is ahead; clock on to 6.0: behind
+    clock.t = 0.6
+    live.submit(gone := request("gone", 10, 1, c=content("gone")))
+    assert gone not in live.engine.waiting
+    live.abort(gone)
+    assert gone.status == ABORTED
+    live.advance()
+    assert gone.first_scheduled is None and gone not in live.engine.waiting
