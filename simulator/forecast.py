@@ -165,9 +165,8 @@ class ForecastInputs:
     output_budget: int  # what clients declare to the budgeter (the current config's default)
     turn_overhead_s: float = 0.0  # latency outside the engine's clock, per turn (``turn_overhead``)
     turn_overhead_from: str = "none"  # what it rests on (``turn_overhead_basis``)
-    cost_estimated: tuple[
-        str, ...
-    ] = ()  # the fit's unresolved terms taken from the latencies (``cost_with_fit``)
+    # with a fit, the terms taken from the recorded latencies (``cost_with_fit``)
+    cost_estimated: tuple[str, ...] = ()
 
 
 def _int(value: Any) -> int:
