@@ -32,18 +32,16 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   - ``shared_prefix``: the median cached tokens of arrivals' first turns (what
     a new session finds cached: the shared system prompt).
 * ``cost_from_fit``: the cost model of a ``simulator fit`` file (``fit.json``'s
-  ``set``). ``cost_with_fit`` is what a forecast with a fit runs on: the
-  prefill terms (``prefill_per_token_s``, ``prefill_attention_s``) are the
-  fit's, whose probes vary the prompt's size and so separate the attention
-  term, which the recorded signals cannot (below); the per-step terms
-  (``step_overhead_s``, ``decode_per_ctx_token_s``) are the recorded
-  latencies' where they give an estimate (source ``fit+latencies``,
-  ``ForecastInputs.cost_estimated`` names them), else the fit's. The recorded
-  intervals observe the engine's own batches and contexts (a collapsed
-  engine: hundreds of thousands of tokens), where the fit's decode probes (at
-  most 8 requests of 4K) extrapolate, and on a fast engine time steps below
-  their resolution: probing the simulated engine at x10 gave a decode term
-  of 0 on two seeds and 8x the engine's own on the third.
+  ``set``). ``cost_with_fit``, what a forecast with a fit runs on, takes the
+  fit's prefill terms (its probes vary the prompt's size, which separates the
+  attention term the recorded signals cannot: below) and the recorded
+  latencies' per-step terms (``STEP_TERMS``) when at least
+  ``FIT_STEP_MIN_INTERVALS`` intervals give them (source ``fit+latencies``;
+  ``ForecastInputs.cost_estimated`` names them), else the fit's. The record
+  sees the engine's own batches and contexts, where the fit's decode probes
+  (at most 8 requests of 4K) extrapolate, and on a fast engine time steps
+  below their resolution (the simulated engine at x10: a decode term of 0 on
+  two seeds, 8x the engine's own on the third).
   ``cost_from_latencies``: one estimated from the engine's recorded
   signals, all in wall-clock seconds, by least squares over the intervals of the
   last ``COST_WINDOW_S`` (the cost model is the engine's, not the workload's, so
@@ -82,9 +80,8 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 
       overhead = sum_i (sum of latency_s in i - n_i * e2e_mean_i) / sum_i n_i
 
-  over the intervals with both (a turn the scrape boundary moves into the next
-  interval meets a similar ``e2e_mean`` there, so the sum does not depend on
-  it as a per-interval figure would). Without any ``e2e_mean`` (an engine
+  over the intervals with both (robust to a turn the scrape boundary moves into
+  the next interval). Without any ``e2e_mean`` (an engine
   without the histogram's ``_sum``, or rows recorded before the collectors kept
   it) it falls back to ``e2e_p50``: the median over the intervals of the
   turns' median ``latency_s`` minus ``e2e_p50``. That one is coarse: a
@@ -92,9 +89,7 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   wide, which buried a 0.2-0.3 s overhead (docs/dashboard.md, "Validation").
   Either is at least 0 (0 with nothing to pair). The forecast delivers each
   finished turn that much later (``forecast_run``): a session's next turn
-  waits for the answer as the client saw it. On a real engine it is
-  milliseconds; a simulated engine run faster than real time on a busy
-  machine falls seconds behind, and sessions cycle that much slower.
+  waits for the answer as the client saw it (milliseconds on a real engine).
 
 Nothing here reads the simulator's own settings (a ``SimConfig`` or the
 simulated engine's flags): the engine is what the collectors saw, even when
@@ -417,6 +412,7 @@ def cost_from_latencies(samples: Iterable[Mapping[str, Any]], pool_tokens: float
 
 
 STEP_TERMS = ("step_overhead_s", "decode_per_ctx_token_s")  # from the recorded latencies, with a fit
+FIT_STEP_MIN_INTERVALS = 60  # recorded intervals the latencies need before their step terms overrule a fit
 
 
 def cost_with_fit(
@@ -425,8 +421,11 @@ def cost_with_fit(
     """The fit's prefill terms with the recorded latencies' per-step terms where they give an estimate
     (module doc): ``(cost, source, the terms taken from the latencies)``."""
     cost = cost_from_fit(fit)
+    rows = list(samples)
+    if sum(step_sample(s, pool_tokens) is not None for s in rows) < FIT_STEP_MIN_INTERVALS:
+        return cost, "fit", ()
     try:
-        est = cost_from_latencies(samples, pool_tokens)
+        est = cost_from_latencies(rows, pool_tokens)
     except ForecastError:
         return cost, "fit", ()
     terms = tuple(k for k in STEP_TERMS if getattr(est, k) > 0)

@@ -238,7 +238,7 @@ def test_cost_from_latencies_without_prefill_variation_fits_the_decode_line_only
 
 
 def test_with_a_fit_the_prefill_terms_are_the_fits_and_the_step_terms_the_recorded_latencies() -> None:
-    samples = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED]
+    samples = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED] * 12  # 60 intervals: enough to overrule
     # a fit of an engine whose decode steps were below its probes' timing: decode term 0
     fit = {
         "step_overhead_s": "0.0005",
@@ -253,7 +253,8 @@ def test_with_a_fit_the_prefill_terms_are_the_fits_and_the_step_terms_the_record
     assert (cost.prefill_per_token_s, cost.prefill_attention_s) == (4.4e-06, 4.8e-10)  # the fit's
     # a fit's decode term, resolved or not, gives way to the recorded one; without one the fit is whole
     assert cost_with_fit(dict(fit, decode_per_ctx_token_s="3e-08"), samples, POOL)[0] == cost
-    assert cost_with_fit(fit, samples[:2], POOL) == (cost_from_fit(fit), "fit", ())  # too few intervals
+    # too few recorded intervals (59): a young record does not overrule the fit
+    assert cost_with_fit(fit, samples[:59], POOL) == (cost_from_fit(fit), "fit", ())
     # through forecast_inputs: the inputs say which terms came from the latencies
     inputs = forecast_inputs(
         pool_tokens=POOL,
