@@ -14,7 +14,8 @@ Each cycle makes one instant query per signal family for all engines (``up``, th
 prefix-cache queries and hits, prompt, generation and cached tokens, preemptions, KV usage, running and
 waiting requests, ``vllm:cache_config_info``, ``process_start_time_seconds``, and each serving histogram of
 `core.engine_metrics.histograms`: TTFT, end-to-end and inter-token latency, queue time, prompt and output
-lengths; and the end-to-end histogram's ``_sum``, for ``e2e_mean``).
+lengths; and the ``_sum`` of the histograms whose interval mean is a signal, for ``e2e_mean``,
+``itl_mean``, ``decode_time_mean`` and ``output_len_mean``).
 Every engine, identified by its ``job`` and ``instance`` labels, becomes a target row exactly like a
 scraped one (URL ``http://<instance>``, name ``<instance>``, its other target labels as labels), and its
 samples go through the same code as a scraped page (`core.engine_metrics.page_from_samples`, then
@@ -61,7 +62,7 @@ FAMILIES: tuple[tuple[str, ...], ...] = (
     ("vllm:cache_config_info",),
     # The serving histograms (TTFT, end-to-end, inter-token, queue time, prompt and output lengths).
     *(kinds["vllm"] for kinds in hist.FAMILIES.values()),
-    # Their ``_sum`` series where an interval mean is a signal (end-to-end latency).
+    # Their ``_sum`` series where an interval mean is a signal (`histograms.MEAN_FAMILIES`).
     *((n,) for n in hist.sum_names_for("vllm")),
 )
 # Labels that tell series of one target apart (not the target's identity).

@@ -31,6 +31,9 @@ Engine signals (engine label kept apart: vLLM `engine="0"`, SGLang `dp_rank`):
 - ``e2e_mean``: the mean end-to-end latency of the requests finished in the interval, seconds,
   exact (the histogram's ``_sum`` increase over its count's), where ``e2e_p50`` is interpolated
   inside buckets seconds wide. The forecast's turn overhead compares it with the sidecar's turns.
+- ``itl_mean``, ``decode_time_mean`` (seconds) and ``output_len_mean`` (tokens): the exact means of
+  the same interval, from those histograms' ``_sum``; the forecast's cost model reads the mean decode
+  step from them (``itl_mean``, else ``decode_time_mean / (output_len_mean - 1)``).
 - ``pool_tokens``: KV pool size in tokens.
 - ``block_size``: KV block size in tokens (vLLM's ``cache_config_info``; the granularity of prefix
   reuse, for `core.attribution`).
@@ -99,7 +102,11 @@ SERVING_QUANTILES: Final = tuple(
     for q in ("p50", "p90", "p99")
 )
 E2E_MEAN: Final = "e2e_mean"
-SERVING_MEANS: Final = (E2E_MEAN,)  # one per `core.engine_metrics.histograms.MEAN_FAMILIES`
+ITL_MEAN: Final = "itl_mean"
+DECODE_TIME_MEAN: Final = "decode_time_mean"
+OUTPUT_LEN_MEAN: Final = "output_len_mean"
+# one per `core.engine_metrics.histograms.MEAN_FAMILIES`
+SERVING_MEANS: Final = (E2E_MEAN, ITL_MEAN, DECODE_TIME_MEAN, OUTPUT_LEN_MEAN)
 POOL_TOKENS: Final = "pool_tokens"
 BLOCK_SIZE: Final = "block_size"
 

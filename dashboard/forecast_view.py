@@ -30,10 +30,14 @@ from dashboard.settings import Settings
 from dashboard.ui import escape_md
 from db.queries.turns import engine_block_size
 from db.queries.turns import turns as stored_turns
-from simulator.forecast import COST_WINDOW_S, WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
+from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
+from simulator.forecast_cost import COST_WINDOW_S
 from simulator.forecast_run import run_forecast
 
-LATENCY_SIGNALS = (  # what `simulator.forecast.cost_from_latencies` and `turn_overhead` read
+LATENCY_SIGNALS = (  # what `simulator.forecast_cost.cost_from_latencies` and `turn_overhead` read
+    "itl_mean",
+    "decode_time_mean",
+    "output_len_mean",
     "itl_p50",
     "decode_time_p50",
     "output_len_p50",

@@ -5,14 +5,34 @@ model) and writes ``fit.json``:
 
 * **prefill** against context: fresh prompts (distinct random words, so
   nothing is cached) of several sizes with ``max_tokens=1``, timed end to end;
-  least squares of ``t = T0 + alpha*n + beta*n^2/2`` (the simulator's
+  least squares of ``t = c + alpha*n + beta*n^2/2`` (the simulator's
   attention-aware prefill of a chunk starting at 0, simulator/config.py
-  ``CostModel``);
+  ``CostModel``). The intercept ``c`` is free (``prefill_intercept_s`` in the
+  file, not a cost-model setting): it holds the step overhead and what the
+  engine's own clock does not see (an HTTP round trip, tokenisation), which,
+  charged to ``alpha`` and ``beta`` instead, bent them: on a simulated engine
+  at x10, where a 200-token prefill takes 0.3 ms and its round trip 1-2 ms,
+  ``beta`` came out 0 on two of three fits. Extension probes add ``EXTEND_WORDS``
+  new words after a cached prompt of ``EXTEND_BASES`` words (a turn's new
+  text at the end of its context, where the forecast's recovered sessions
+  prefill): the model of every probe is ``t = c + alpha*n + beta*n*(s + n/2)``
+  with ``n`` new and ``s`` cached tokens, and the offsets ``s`` separate
+  ``beta`` from ``alpha`` where fresh prompts alone traded one for the other
+  (``alpha`` 3.3-5.1e-6, ``beta`` 3.2-6.1e-10 over five fits of one
+  simulated engine whose own are 3.24e-6 and 5.57e-10);
 * **decode step** against batch and context: ``B`` concurrent requests of
-  context ``C`` (cached first) answered with 8 and then with 72 tokens
-  (``ignore_eos``); the difference of the two times over 64 steps, for
-  ``(B, C)`` in 1-8 x 1K-4K; least squares of ``step = T0 + gamma * sum(ctx)`` (``T0`` is the
-  intercept here: the per-step overhead);
+  context ``C`` (cached first) answered with 8 and then with ``8 + S``
+  tokens (``ignore_eos``); the difference of the two times over the ``S``
+  steps, for ``(B, C)`` in 1-8 x 1K-4K words (``DECODE_PROBES``, up to 32K
+  words of context in a step; ``decode_probes``: those whose batch fits in
+  half the engine's pool, so that none is preempted); least squares of ``step = T0 + gamma * sum(ctx)``
+  (``T0`` is the intercept here: the per-step overhead). ``S`` is 64, or
+  more on a fast engine (``decode_steps``): enough steps that they take
+  ``DECODE_SPAN_S``, so that the timing of an answer (an HTTP round trip, an
+  engine loop's wake-up) is small against them. With 64 steps of a
+  simulated engine at x10 (0.6-0.8 ms a step) that timing was as large as
+  the steps' difference across contexts: the fit gave ``gamma`` 0 on two
+  seeds and 8x the engine's on the third;
 * **pool**: ``vllm:cache_config_info`` (``kv_cache_size_tokens``,
   ``block_size``) from the engine's /metrics.
 
@@ -115,11 +135,22 @@ class Prober:
         return [{"role": "user", "content": f"{nonce} " + words(self.rng, n)}]
 
     async def prefill(self, client: httpx.AsyncClient, n: int) -> dict[str, float]:
+        """A fresh prompt of ``n`` words, nothing cached."""
+        return await self.timed(client, self.prompt(n))
+
+    async def extend(self, client: httpx.AsyncClient, base: int, n: int) -> dict[str, float]:
+        """``n`` new words after a cached prompt of ``base`` words: a turn's new text at the end of its context."""
+        messages = self.prompt(base)
+        await self.timed(client, messages)  # now cached
+        more = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": words(self.rng, n)}]
+        return await self.timed(client, messages + more)
+
+    async def timed(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> dict[str, float]:
         t0 = time.perf_counter()
         r = await client.post(
             f"{self.engine}/v1/chat/completions",
             timeout=600,
-            json={"model": self.model, "messages": self.prompt(n), "max_tokens": 1},
+            json={"model": self.model, "messages": messages, "max_tokens": 1},
         )
         dt = time.perf_counter() - t0
         r.raise_for_status()
@@ -130,12 +161,16 @@ class Prober:
             "seconds": dt,
         }
 
-    async def complete(self, client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int) -> float:
+    async def complete(
+        self, client: httpx.AsyncClient, messages: list[dict[str, str]], tokens: int
+    ) -> tuple[float, int]:
+        """Seconds to the answer, and the prompt's tokens as the engine counted them."""
         body = {"model": self.model, "messages": messages, "max_tokens": tokens, "ignore_eos": True}
         t0 = time.perf_counter()
         r = await client.post(f"{self.engine}/v1/chat/completions", json=body, timeout=600)
+        dt = time.perf_counter() - t0
         r.raise_for_status()
-        return time.perf_counter() - t0
+        return dt, int(r.json()["usage"]["prompt_tokens"])
 
     async def decode(
         self, client: httpx.AsyncClient, batch: int, ctx: int, short: int, long: int
@@ -144,31 +179,65 @@ class Prober:
         with ``short`` then ``long`` tokens at once; the difference of the slowest answers over
         ``long - short`` decode steps."""
         prompts = [self.prompt(ctx) for _ in range(batch)]
-        await asyncio.gather(*[self.complete(client, p, 1) for p in prompts])
+        warm = await asyncio.gather(*[self.complete(client, p, 1) for p in prompts])
         times = {}
         for tokens in (short, long):
-            times[tokens] = max(await asyncio.gather(*[self.complete(client, p, tokens) for p in prompts]))
-        return {
+            answers = await asyncio.gather(*[self.complete(client, p, tokens) for p in prompts])
+            times[tokens] = max(t for t, _ in answers)
+        return {  # the context as the engine counted it (``ctx`` words are more tokens than that)
             "batch": batch,
-            "ctx": ctx + 10 + (long + short) // 2,
+            "ctx": sum(n for _, n in warm) / batch + (long + short) // 2,
             "step_s": max(0.0, (times[long] - times[short]) / (long - short)),
         }
 
 
+EXTEND_BASES = (1024, 4096, 6144)  # words of cached context before the new text of an extension probe
+EXTEND_WORDS = 2048
+DECODE_PROBES = ((1, 1024), (4, 1024), (8, 1024), (1, 4096), (4, 4096), (8, 4096))  # (batch, context)
+DECODE_SHORT = 8  # tokens of the short answer; the long one has the decode steps more
+MIN_DECODE_STEPS = 64
+MAX_DECODE_STEPS = 2048  # 4096 + 8 + 2048 tokens: within a 16K-context model
+DECODE_SPAN_S = 1.0  # wall seconds the decode steps of a probe should take at least
+
+
+def decode_steps(step_s: float) -> int:
+    """Decode steps per probe: ``MIN_DECODE_STEPS``, or as many as take ``DECODE_SPAN_S`` at ``step_s`` (the
+    first probe's step), up to ``MAX_DECODE_STEPS``."""
+    if step_s <= 0:
+        return MAX_DECODE_STEPS
+    return max(MIN_DECODE_STEPS, min(MAX_DECODE_STEPS, int(DECODE_SPAN_S / step_s) + 1))
+
+
+def decode_probes(pool: int | None, steps: int) -> tuple[tuple[int, int], ...]:
+    """The ``DECODE_PROBES`` whose batch fits in half the pool (``pool`` tokens; None: all), at 2 tokens a
+    word: a probe that overflows the pool is preempted, and times recomputation, not decode steps."""
+    if not pool:
+        return DECODE_PROBES
+    fits = tuple(p for p in DECODE_PROBES if p[0] * (2 * p[1] + DECODE_SHORT + steps) <= pool // 2)
+    return fits or DECODE_PROBES[:1]
+
+
 async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
-    p = Prober(engine, model, random.Random(0))
+    from core.engine_metrics import pool_tokens
+
+    p = Prober(engine, model, random.Random())  # fresh words on every run: a re-fit finds nothing cached
     async with httpx.AsyncClient() as client:
         await p.setup(client)
         metrics = (await client.get(f"{p.engine}/metrics", timeout=30)).text
         await p.prefill(client, 64)  # warm-up
         sizes = [128, 512, 1024, 2048, 4096] + ([] if quick else [8192])
         prefills = []
-        for n in sizes:  # the median of three: the machine is shared
-            runs = [await p.prefill(client, n) for _ in range(3)]
-            prefills.append(sorted(runs, key=lambda r: r["seconds"])[1])
-        decodes = []
-        for batch, ctx in ((1, 1024), (4, 1024), (8, 1024), (1, 4096), (4, 4096)):
-            decodes.append(await p.decode(client, batch, ctx, 8, 72))
+        # the fastest of three: what a shared machine or an HTTP round trip adds is never negative
+        for n in sizes:
+            prefills.append(min([await p.prefill(client, n) for _ in range(3)], key=lambda r: r["seconds"]))
+        for base in EXTEND_BASES[: None if not quick else 2]:
+            runs = [await p.extend(client, base, EXTEND_WORDS) for _ in range(3)]
+            prefills.append(min(runs, key=lambda r: r["seconds"]))
+        first = await p.decode(client, 1, 1024, DECODE_SHORT, DECODE_SHORT + MIN_DECODE_STEPS)
+        steps = decode_steps(first["step_s"])
+        decodes = [first] if steps == MIN_DECODE_STEPS else []
+        for batch, ctx in decode_probes(pool_tokens(metrics), steps)[1 if decodes else 0 :]:
+            decodes.append(await p.decode(client, batch, ctx, DECODE_SHORT, DECODE_SHORT + steps))
     return {"metrics": metrics, "prefills": prefills, "decodes": decodes, "model": p.model}
 
 
@@ -183,18 +252,24 @@ def fit_from_probes(
     # decode: step = T0 + gamma * batch * ctx
     d_rows = [[1.0, d["batch"] * d["ctx"]] for d in decodes]
     t0, gamma = least_squares(d_rows, [d["step_s"] for d in decodes])
-    # prefill (a miss of n tokens, one request): t = T0 + alpha*n + beta*n^2/2 (T0 from the decode fit)
-    p_rows = [[p["prompt_tokens"], p["prompt_tokens"] ** 2 / 2.0] for p in prefills]
-    alpha, beta = least_squares(p_rows, [max(0.0, p["seconds"] - t0) for p in prefills])
 
-    def pre(n: float) -> float:
-        return t0 + alpha * n + beta * n * n / 2
+    # prefill of n new tokens after s cached: t = c + alpha*n + beta*n*(s + n/2), c free (module doc)
+    def new_cached(p: dict[str, float]) -> tuple[float, float]:
+        cached = min(p.get("cached_tokens") or 0, p["prompt_tokens"])
+        return p["prompt_tokens"] - cached, cached
+
+    p_rows = [[1.0, n, n * (s + n / 2.0)] for n, s in map(new_cached, prefills)]
+    c, alpha, beta = least_squares(p_rows, [p["seconds"] for p in prefills])
+
+    def pre(n: float, s: float = 0.0) -> float:
+        return c + alpha * n + beta * n * (s + n / 2)
 
     residuals = [
         {
             "prompt_tokens": p["prompt_tokens"],
+            "cached_tokens": new_cached(p)[1],
             "measured_s": round(p["seconds"], 4),
-            "fitted_s": round(pre(p["prompt_tokens"]), 4),
+            "fitted_s": round(pre(*new_cached(p)), 4),
         }
         for p in prefills
     ]
@@ -218,6 +293,7 @@ def fit_from_probes(
         settings["pool_tokens"] = pool
     return {
         "set": {k: (f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in settings.items()},
+        "prefill_intercept_s": round(c, 6),
         "prefill_residuals": residuals,
         "decode_residuals": d_res,
         "miss_to_hit_cost_ratio_at_4k": round(pre(4096) / (t0 + alpha * 300 + beta * 300 * (3796 + 150)), 2),

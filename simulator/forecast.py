@@ -6,7 +6,10 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 * ``start_sessions``: the sidecar's sessions as of its last ``/sessions``
   (``admitted``, ``parked``, ``waiting``; any other state is left out) with
   their context, the turns they have done, and whether an admitted one has a
-  turn in flight (``in_flight``: already forwarded, so no control can hold it).
+  turn in flight (``in_flight``: already forwarded, so no control can hold it)
+  and the output budget its client declared (``output_budget``, the sidecar's
+  record; ``declared_budgets``: those of every session row, which new sessions
+  draw from).
 * ``shapes_from_turns``: the workload recorded over the last ``window_s``
   (30 minutes) of the turn trace (``turns`` table, outcome ``ok`` only):
 
@@ -31,42 +34,9 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
     and have left (not in ``present``): how long a session lasts;
   - ``shared_prefix``: the median cached tokens of arrivals' first turns (what
     a new session finds cached: the shared system prompt).
-* ``cost_from_fit``: the cost model of a ``simulator fit`` file (``fit.json``'s
-  ``set``). ``cost_with_fit``, what a forecast with a fit runs on, takes the
-  fit's prefill terms (its probes vary the prompt's size, which separates the
-  attention term the recorded signals cannot: below) and the recorded
-  latencies' per-step terms (``STEP_TERMS``) when at least
-  ``FIT_STEP_MIN_INTERVALS`` intervals give them (source ``fit+latencies``;
-  ``ForecastInputs.cost_estimated`` names them), else the fit's. The record
-  sees the engine's own batches and contexts, where the fit's decode probes
-  (at most 8 requests of 4K) extrapolate, and on a fast engine time steps
-  below their resolution (the simulated engine at x10: a decode term of 0 on
-  two seeds, 8x the engine's own on the third).
-  ``cost_from_latencies``: one estimated from the engine's recorded
-  signals, all in wall-clock seconds, by least squares over the intervals of the
-  last ``COST_WINDOW_S`` (the cost model is the engine's, not the workload's, so
-  it looks further back than the workload window). It uses only signals that
-  exclude queueing: the *decode step time* ``y`` of each interval (``itl_p50``;
-  else ``decode_time_p50 / (output_len_p50 - 1)``, vLLM's
-  ``request_decode_time_seconds``, first token to last; else
-  ``(e2e_p50 - ttft_p50) / (output_len_p50 - 1)``) and the step identity of a
-  continuous-batching engine, whose every step decodes one token for each
-  running request and prefills a share of the new prompt tokens::
-
-      y = T0 + gamma * K + alpha * (P * y)
-
-  ``K``, the context the running requests hold: ``kv_usage * pool_tokens``
-  (else ``requests_running * prompt_len_p50``); ``P``, prompt tokens computed
-  per second, ``prefix_cache_queries_per_s - prefix_cache_hits_per_s`` (every
-  prefill, recomputation after preemption included; else
-  ``prompt_tokens_per_s - cached_tokens_per_s``), so ``P * y`` is the prefill
-  tokens sharing a step; least squares of the relative residuals (each interval
-  divided by its ``y``: a healthy engine's steps are a hundredth of a collapsed
-  one's, and its intervals are what pins ``T0`` and ``gamma``). A collapsed engine's long TTFTs are waiting (for the
-  queue and behind other prefills), not per-token cost; its decode steps are
-  long because each carries a chunk of recomputed prefill, which this identity
-  charges to ``alpha``. ``beta`` (attention) and offload loads are folded into
-  ``alpha`` (0 here: not separable from these signals; docs/dashboard.md measures what that costs).
+* the cost model (``simulator.forecast_cost``): a fit file's, with the
+  recorded latencies' per-step terms, or one estimated from the recorded
+  latencies alone.
 
 * ``turn_overhead``: the part of a turn's latency, as the sidecar measures it
   (``latency_s``: forwarded to answered), that the engine's own clock does not
@@ -106,22 +76,23 @@ import bisect
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
 from core.attribution import DEFAULT_BLOCK_SIZE
 from core.budgeter import BudgeterConfig
-from simulator.config import CostModel, EngineConfig, SimConfigError
-from simulator.fit import least_squares
+from simulator.config import CostModel, EngineConfig
+from simulator.forecast_cost import (
+    ForecastError,
+    as_float,
+    as_int,
+    as_num,
+    cost_from_latencies,
+    cost_with_fit,
+)
 
 WINDOW_S = 1800.0  # "what was recorded over the last 30 minutes"
-COST_WINDOW_S = 6 * 3600.0  # the engine's cost model: its signals over the last 6 hours
 START_STATES = ("admitted", "parked", "waiting")
-MIN_SAMPLES = 3  # latency intervals needed to estimate a cost model
-
-
-class ForecastError(ValueError):
-    """The collectors' data cannot make a forecast; the message names what is missing."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +105,7 @@ class StartSession:
     manual: bool = False
     pinned: bool = False
     in_flight: bool = False  # an admitted session with a turn already forwarded to the engine
+    output_budget: int = 0  # what its client declared (max_tokens, as the sidecar bounded it); 0: unknown
 
 
 @dataclass(frozen=True)
@@ -157,30 +129,13 @@ class ForecastInputs:
     cost_source: str  # "fit" | "fit+latencies" | "latencies"
     sessions: tuple[StartSession, ...]
     shapes: Shapes
-    output_budget: int  # what clients declare to the budgeter (the current config's default)
+    output_budget: int  # the budget of a client that declares none (the current config's default)
     turn_overhead_s: float = 0.0  # latency outside the engine's clock, per turn (``turn_overhead``)
     turn_overhead_from: str = "none"  # what it rests on (``turn_overhead_basis``)
     # with a fit, the terms taken from the recorded latencies (``cost_with_fit``)
     cost_estimated: tuple[str, ...] = ()
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return 0
-    return max(0, int(value))
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    # the budgets the sidecar's sessions declared: each new session draws its own from them
+    output_budgets: tuple[int, ...] = ()
 
 
 def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[StartSession, ...]:
@@ -190,20 +145,27 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
         if r.get("state") not in START_STATES:
             continue
         doc = r.get("data") if isinstance(r.get("data"), dict) else {}
-        since = _num(doc.get("parked_since")) if r["state"] == "parked" else None
+        since = as_num(doc.get("parked_since")) if r["state"] == "parked" else None
         out.append(
             StartSession(
                 id=str(r["session_id"]),
                 state=str(r["state"]),
-                context_tokens=_int(r.get("context_tokens")),
-                turns_done=_int(r.get("turns")),
+                context_tokens=as_int(r.get("context_tokens")),
+                turns_done=as_int(r.get("turns")),
                 parked_for_s=max(0.0, now - since) if since is not None else 0.0,
-                in_flight=r["state"] == "admitted" and _int(doc.get("in_flight")) > 0,
+                in_flight=r["state"] == "admitted" and as_int(doc.get("in_flight")) > 0,
                 manual=bool(r.get("manual")),
                 pinned=bool(r.get("pinned")),
+                output_budget=as_int(doc.get("output_budget")),
             )
         )
     return tuple(sorted(out, key=lambda s: s.id))
+
+
+def declared_budgets(rows: Iterable[Mapping[str, Any]]) -> tuple[int, ...]:
+    """The output budgets the session rows' clients declared (``data.output_budget``, > 0), sorted."""
+    docs = (r.get("data") if isinstance(r.get("data"), dict) else {} for r in rows)
+    return tuple(sorted(b for d in docs if (b := as_int(d.get("output_budget"))) > 0))
 
 
 def shapes_from_turns(
@@ -213,7 +175,7 @@ def shapes_from_turns(
     start = now - window_s
     by_session: dict[str, list[Mapping[str, Any]]] = {}
     for t in turns:
-        ts = _num(t.get("ts"))
+        ts = as_num(t.get("ts"))
         if t.get("outcome") != "ok" or not t.get("session") or ts is None or ts > now:
             continue
         by_session.setdefault(str(t["session"]), []).append(t)
@@ -227,7 +189,7 @@ def shapes_from_turns(
     seen = 0
     first_began = min(
         (
-            t["ts"] - (_num(t.get("latency_s")) or 0.0) - (_num(t.get("held_s")) or 0.0)
+            t["ts"] - (as_num(t.get("latency_s")) or 0.0) - (as_num(t.get("held_s")) or 0.0)
             for rows in by_session.values()
             for t in rows
         ),
@@ -238,27 +200,27 @@ def shapes_from_turns(
         rows = sorted(by_session[sid], key=lambda t: (t["ts"], t.get("id") or 0))
         arrived = rows[0]["ts"] >= start
         if arrived:
-            first_prompts.append(_int(rows[0].get("prompt_tokens")))
-            firsts_cached.append(_int(rows[0].get("cached_tokens")))
+            first_prompts.append(as_int(rows[0].get("prompt_tokens")))
+            firsts_cached.append(as_int(rows[0].get("cached_tokens")))
             if sid not in present_ids:
                 session_turns.append(len(rows))
         for i, t in enumerate(rows):
             if t["ts"] < start:
                 continue
             seen += 1
-            outputs.append(_int(t.get("completion_tokens")))
+            outputs.append(as_int(t.get("completion_tokens")))
             if i == 0:
                 continue
             prev = rows[i - 1]
             extras.append(
                 max(
                     0,
-                    _int(t.get("prompt_tokens"))
-                    - _int(prev.get("prompt_tokens"))
-                    - _int(prev.get("completion_tokens")),
+                    as_int(t.get("prompt_tokens"))
+                    - as_int(prev.get("prompt_tokens"))
+                    - as_int(prev.get("completion_tokens")),
                 )
             )
-            began = t["ts"] - (_num(t.get("latency_s")) or 0.0) - (_num(t.get("held_s")) or 0.0)
+            began = t["ts"] - (as_num(t.get("latency_s")) or 0.0) - (as_num(t.get("held_s")) or 0.0)
             gaps.append(round(max(0.0, began - prev["ts"]), 6))
     return Shapes(
         arrival_rate=len(first_prompts) / span if span > 0 else 0.0,
@@ -294,19 +256,19 @@ def turn_overhead_basis(
         (ts, lat)
         for t in turns
         if t.get("outcome") == "ok"
-        and (ts := _num(t.get("ts"))) is not None
-        and (lat := _num(t.get("latency_s"))) is not None
+        and (ts := as_num(t.get("ts"))) is not None
+        and (lat := as_num(t.get("latency_s"))) is not None
     )
     stamps = [ts for ts, _ in done]
     means: dict[float, float] = {}
     p50s: dict[float, float] = {}
     for s in samples:
-        ts = _num(s.get("ts"))
+        ts = as_num(s.get("ts"))
         if ts is None or ts > now:
             continue
         means.setdefault(ts, math.nan)  # every sample's time bounds an interval (any engine label)
         for key, into in (("e2e_mean", means), ("e2e_p50", p50s)):
-            value = _num(s.get(key))
+            value = as_num(s.get(key))
             if value is not None:
                 into[ts] = value
     times = sorted(means)
@@ -328,112 +290,6 @@ def turn_overhead_basis(
     return (max(0.0, statistics.median(deltas)), "e2e_p50") if deltas else (0.0, "none")
 
 
-_COST_KEYS = tuple(f.name for f in fields(CostModel))
-
-
-def cost_from_fit(values: Mapping[str, Any]) -> CostModel:
-    """The cost model of a fit file's ``set`` (keys of ``CostModel``; others, like the pool, are ignored)."""
-    known = {}
-    for k in _COST_KEYS:
-        if k in values:
-            try:
-                known[k] = float(values[k])
-            except (TypeError, ValueError):
-                raise ForecastError(f"fit: {k}={values[k]!r} is not a number") from None
-    if not known:
-        raise ForecastError(f"fit: no cost-model setting in it (expected some of {', '.join(_COST_KEYS)})")
-    try:
-        return CostModel(**{k: known.get(k, 0.0) for k in _COST_KEYS})
-    except SimConfigError as exc:
-        raise ForecastError(f"fit: {exc}") from None
-
-
-def step_sample(s: Mapping[str, Any], pool_tokens: float | None = None) -> tuple[float, float, float] | None:
-    """One interval's ``(y, K, P)`` of the step identity (module doc), or None when a signal is missing."""
-    y = _num(s.get("itl_p50"))
-    olen = _num(s.get("output_len_p50"))
-    if y is None and olen is not None and olen > 1:
-        decode = _num(s.get("decode_time_p50"))
-        if decode is None:
-            e2e, first = _num(s.get("e2e_p50")), _num(s.get("ttft_p50"))
-            decode = max(0.0, e2e - first) if e2e is not None and first is not None else None
-        y = decode / (olen - 1) if decode is not None else None
-    usage, running, plen = (
-        _num(s.get("kv_usage")),
-        _num(s.get("requests_running")),
-        _num(s.get("prompt_len_p50")),
-    )
-    if usage is not None and pool_tokens:
-        k: float | None = usage * pool_tokens
-    else:
-        k = running * plen if running is not None and plen is not None else None
-    queries, hits = _num(s.get("prefix_cache_queries_per_s")), _num(s.get("prefix_cache_hits_per_s"))
-    if queries is not None and hits is not None:
-        p: float | None = max(0.0, queries - hits)
-    else:
-        prompt, cached = _num(s.get("prompt_tokens_per_s")), _num(s.get("cached_tokens_per_s"))
-        p = max(0.0, prompt - cached) if prompt is not None and cached is not None else None
-    if y is None or y <= 0 or k is None or p is None:
-        return None
-    return y, k, p
-
-
-def cost_from_latencies(samples: Iterable[Mapping[str, Any]], pool_tokens: float | None = None) -> CostModel:
-    """A cost model estimated from per-interval engine signals (the step identity of the module doc)."""
-    rows = [r for s in samples if (r := step_sample(s, pool_tokens)) is not None]
-    if len(rows) < MIN_SAMPLES:
-        raise ForecastError(
-            f"no cost model: no fit file, and too few recorded intervals to estimate one ({len(rows)} with a "
-            "decode step time (itl_p50, or decode_time_p50 or e2e_p50 and ttft_p50 with output_len_p50), the "
-            "running context (kv_usage and the pool, or requests_running and prompt_len_p50) and the prompt "
-            "tokens computed (prefix_cache_queries_per_s and prefix_cache_hits_per_s, or prompt_tokens_per_s "
-            f"and cached_tokens_per_s); need {MIN_SAMPLES})"
-        )
-    # relative residuals (each row divided by its y): step times span two orders of magnitude between a
-    # healthy engine and a collapsed one, and the few healthy intervals are what pins T0 and gamma
-    xs = [[1.0 / y, k / y, p] for y, k, p in rows]
-    ys = [1.0] * len(rows)
-    varied = [len({round(r[i], 6) for r in rows}) > 1 for i in (1, 2)]
-    if varied[0] and varied[1]:
-        t0, gamma, alpha = least_squares(xs, ys)
-    elif varied[0]:  # no prefill variation: no slope to charge to it
-        t0, gamma = least_squares([x[:2] for x in xs], ys)
-        alpha = 0.0
-    else:  # one load level: no slope to separate; all of the step on the context it holds
-        t0, alpha = 0.0, 0.0
-        gamma = statistics.median(y for y, _, _ in rows) / rows[0][1] if rows[0][1] else 0.0
-    return CostModel(
-        step_overhead_s=t0,
-        prefill_per_token_s=alpha,
-        prefill_attention_s=0.0,
-        decode_per_ctx_token_s=gamma,
-        offload_load_per_token_s=0.0,
-    )
-
-
-STEP_TERMS = ("step_overhead_s", "decode_per_ctx_token_s")  # from the recorded latencies, with a fit
-FIT_STEP_MIN_INTERVALS = 60  # recorded intervals the latencies need before their step terms overrule a fit
-
-
-def cost_with_fit(
-    fit: Mapping[str, Any], samples: Iterable[Mapping[str, Any]], pool_tokens: float | None = None
-) -> tuple[CostModel, str, tuple[str, ...]]:
-    """The fit's prefill terms with the recorded latencies' per-step terms where they give an estimate
-    (module doc): ``(cost, source, the terms taken from the latencies)``."""
-    cost = cost_from_fit(fit)
-    rows = list(samples)
-    if sum(step_sample(s, pool_tokens) is not None for s in rows) < FIT_STEP_MIN_INTERVALS:
-        return cost, "fit", ()
-    try:
-        est = cost_from_latencies(rows, pool_tokens)
-    except ForecastError:
-        return cost, "fit", ()
-    terms = tuple(k for k in STEP_TERMS if getattr(est, k) > 0)
-    if not terms:
-        return cost, "fit", ()
-    return replace(cost, **{k: getattr(est, k) for k in terms}), "fit+latencies", terms
-
-
 def forecast_inputs(
     *,
     pool_tokens: Any,
@@ -451,10 +307,10 @@ def forecast_inputs(
     ``block_size``: the engine's recorded KV block size, or None when the collectors have none;
     ``e2e_samples``: the engine's ``e2e_mean`` and ``e2e_p50`` samples with ``ts`` for ``turn_overhead``,
     as fine as recorded over the workload window; None: ``latency_samples``)."""
-    pool = _int(pool_tokens)
-    block = _int(block_size)
+    pool = as_int(pool_tokens)
+    block = as_int(block_size)
     if not block and fit is not None and "block_size" in fit:
-        block = _int(_float(fit["block_size"]))
+        block = as_int(as_float(fit["block_size"]))
         if block < 1:
             raise ForecastError(f"fit: block_size={fit['block_size']!r} is not a positive number")
     block = block or DEFAULT_BLOCK_SIZE
@@ -495,4 +351,5 @@ def forecast_inputs(
         turn_overhead_s=overhead,
         turn_overhead_from=basis,
         cost_estimated=estimated,
+        output_budgets=declared_budgets(rows),
     )

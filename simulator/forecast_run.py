@@ -18,6 +18,15 @@ only). The run:
   done (one more turn when no recorded total is above);
 * *new sessions*: Poisson arrivals at the recorded rate, first prompt and
   total turns drawn from the recorded ones;
+* each session declares its own output budget to the budgeter, as its client
+  did (``StartSession.output_budget``; a new session draws one from
+  ``ForecastInputs.output_budgets``; the config's default where none is
+  known): the sidecar counts a declared ``max_tokens``, so a forecast on the
+  default (1024 where the demo's clients declare 150) would admit fewer
+  sessions than the sidecar does;
+* the budgeter admits queued sessions after every finished turn and once a
+  second, as the sidecar does (it releases after each turn and on its tick):
+  the room a turn or a session leaves goes to a parked one at once;
 * a finished turn reaches its session ``turn_overhead_s`` later (the latency
   the sidecar recorded beyond the engine's own: ``forecast.turn_overhead``):
   its latency, and the session's next turn, count from then;
@@ -60,6 +69,7 @@ class _Sess:
     gated_at: float = 0.0
     forwarded_at: float = 0.0
     held: int | None = None  # prompt of a held turn
+    budget: int = 0  # the output budget its client declares to the budgeter
 
 
 @dataclass
@@ -143,7 +153,7 @@ def run_forecast(
                     "arrived_at": t0,
                     "admitted_at": t0 if s.state == "admitted" else None,
                     "context_tokens": s.context_tokens,
-                    "output_budget": inputs.output_budget if s.state != "admitted" else 0,
+                    "output_budget": s.output_budget or inputs.output_budget,  # as the sidecar counts it
                     "turns": s.turns_done,
                     "manual": s.manual,
                     "pinned": s.pinned,
@@ -177,7 +187,7 @@ def run_forecast(
     def submit(now: float, sess: _Sess) -> None:
         prompt = max(1, sess.context + sess.rng.choice(sh.extras))
         sess.gated_at = now
-        if budgeter.request_turn(sess.id, now, prompt, inputs.output_budget) == "forward":
+        if budgeter.request_turn(sess.id, now, prompt, sess.budget) == "forward":
             forward(sess, now, prompt)
         else:
             sess.held = prompt
@@ -207,8 +217,10 @@ def run_forecast(
         if sess.left <= 0 or now > end:  # nothing after the horizon is counted: no next turn
             budgeter.end_session(sess.id, now)
             del sessions[sess.id]
-            return
-        loop.push(now + gap(sess), submit, sess)
+        else:
+            loop.push(now + gap(sess), submit, sess)
+        # as the sidecar does after every turn: the room it left goes to a queued session at once
+        release(now)
 
     def arrive(now: float, i: int) -> None:
         sid = f"new-{i}"
@@ -222,19 +234,23 @@ def run_forecast(
         )
         sessions[sid] = sess
         sess.context = max(1, rng.choice(sh.first_prompts)) if sh.first_prompts else 1
+        sess.budget = rng.choice(inputs.output_budgets) if inputs.output_budgets else inputs.output_budget
         sess.gated_at = now
         prompt = sess.context
-        if budgeter.request_turn(sid, now, prompt, inputs.output_budget) == "forward":
+        if budgeter.request_turn(sid, now, prompt, sess.budget) == "forward":
             forward(sess, now, prompt)
         else:
             sess.held = prompt
 
-    def tick(now: float, second: int) -> None:
+    def release(now: float) -> None:
         for sid in budgeter.release(now):
             sess = sessions.get(sid)
             if sess is not None and sess.held is not None:
                 prompt, sess.held = sess.held, None
                 forward(sess, now, prompt)
+
+    def tick(now: float, second: int) -> None:
+        release(now)
         counts = budgeter.counts()
         parked.append(counts["parked"])
         waiting.append(counts["waiting"])
@@ -247,10 +263,11 @@ def run_forecast(
         sess = _Sess(
             s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done)
         )
+        sess.budget = s.output_budget or inputs.output_budget
         sessions[s.id] = sess
         if s.in_flight:
             prompt = max(1, sess.context + rng.choice(sh.extras))
-            budgeter.request_turn(s.id, t0, prompt, inputs.output_budget)  # mode off: forwarded
+            budgeter.request_turn(s.id, t0, prompt, sess.budget)  # mode off: forwarded
             sess.gated_at = t0
             loop.push(t0, lambda now, x: forward(x[0], now, x[1]), (sess, prompt))
         else:

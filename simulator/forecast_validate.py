@@ -20,7 +20,7 @@ For each seed, on loopback ports of its own:
 ``--fit-engine`` is the operator's path for an engine they have fitted: each seed's engine, once up
 and before any load reaches it, is probed with ``simulator fit`` (about 2 s) and the preview is taken
 with that file as ``PREFIXOPS_FIT`` (the fit's prefill terms, the recorded latencies' per-step terms:
-``simulator.forecast.cost_with_fit``); the preview without the fit is taken at the same moment and
+``simulator.forecast_cost.cost_with_fit``); the preview without the fit is taken at the same moment and
 reported beside it (``preview_without_fit``, ``within_without_fit``).
 
 The simulated engine's lag behind wall-clock time (``/sim/state``) is reported: a machine too busy
@@ -185,6 +185,19 @@ def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, A
     return job, {"state_age_s": round(time.time() - side["ts"], 1), "note": note}
 
 
+def _keep(data_dir: Path, job: Any, parked_seen: list[int]) -> None:
+    """The preview's inputs (``forecast-inputs.pickle``, to run it again offline with
+    ``simulator.forecast_run.run_forecast``) and the parked series, live every 2 s and previewed every
+    second (``parked.json``), in the seed's data directory."""
+    import pickle
+
+    (data_dir / "forecast-inputs.pickle").write_bytes(
+        pickle.dumps((job.inputs, job.configs, job.minutes, job.seed))
+    )
+    series = {"live_every_2s": parked_seen, "preview_every_1s": job.results[1]["series"]["parked"]}
+    (data_dir / "parked.json").write_text(json.dumps(series))
+
+
 def _cost_fields(cost: Any) -> dict[str, float]:
     keys = ("step_overhead_s", "prefill_per_token_s", "prefill_attention_s", "decode_per_ctx_token_s")
     return {k: float(f"{getattr(cost, k):.4g}") for k in keys}
@@ -287,6 +300,7 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             if j is not None and j.error:
                 raise RuntimeError(f"the forecast failed: {j.error}")
         cur, prop = (r["summary"] for r in job.results)
+        _keep(data_dir, job, parked_seen)
         actual = {
             "r_t": actual_r_t(turns),
             "turns_per_s": round(len(turns) / (args.after * 60), 3),

@@ -5,7 +5,7 @@ Inputs come from the bundle only (never the simulator's own settings), through `
 
 - the engine: its KV pool (the newest ``pool_tokens`` sample at or before T), its KV block size (the
   newest ``block_size`` sample, else `core.attribution.DEFAULT_BLOCK_SIZE`) and a cost model
-  estimated from its recorded latency signals (`simulator.forecast.cost_from_latencies`), and the turn
+  estimated from its recorded latency signals (`simulator.forecast_cost.cost_from_latencies`), and the turn
   latency outside the engine's clock (`simulator.forecast.turn_overhead_basis`);
 - the sessions in the system at T: those with a recorded turn before T (within ``IDLE_S``) and one
   after it, as admitted sessions with their context (prompt + completion of their last turn before T)
@@ -35,11 +35,11 @@ from simulator.config import EngineConfig, SimConfigError
 from simulator.forecast import (
     ForecastError,
     ForecastInputs,
-    cost_from_latencies,
     shapes_from_turns,
     start_sessions,
     turn_overhead_basis,
 )
+from simulator.forecast_cost import cost_from_latencies
 from simulator.forecast_run import run_forecast
 
 IDLE_S = 600.0  # the sidecar's default idle timeout: a session quiet longer than this had ended

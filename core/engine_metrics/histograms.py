@@ -30,7 +30,11 @@ of the name whose buckets it took (``<base>_sum``, summed over other labels), an
 ``<family>_mean``: the sum's increase divided by the ``+Inf`` bucket's (the count's). It is exact
 where a quantile is an interpolation inside a bucket: vLLM's e2e buckets are seconds wide above 10 s,
 so a collapsed engine's ``e2e_p50`` is known only to within them. The forecast's turn overhead
-compares ``e2e_mean`` with the sidecar's mean turn latency (`simulator.forecast`). No mean when the
+compares ``e2e_mean`` with the sidecar's mean turn latency (`simulator.forecast`). ``itl_mean``, and
+``decode_time_mean`` over ``output_len_mean`` minus one, are the engine's exact mean decode step in the
+interval, from which the forecast estimates its cost model (`simulator.forecast_cost`), where the
+medians are interpolations inside buckets 0.2-0.5 s wide around a 150-token answer's decode time. No
+mean when the
 interval has no observation, no ``+Inf`` bucket, a reset of either series, or a sum missing on
 either side.
 """
@@ -76,7 +80,8 @@ FAMILIES: dict[str, dict[str, tuple[str, ...]]] = {
     "decode_time": {"vllm": ("vllm:request_decode_time_seconds_bucket",)},
 }
 QUANTILES: tuple[tuple[float, str], ...] = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
-MEAN_FAMILIES: tuple[str, ...] = ("e2e",)  # families whose ``<family>_mean`` is a signal (module doc)
+# families whose ``<family>_mean`` is a signal (module doc)
+MEAN_FAMILIES: tuple[str, ...] = ("e2e", "itl", "decode_time", "output_len")
 Sums = tuple[tuple[str, float], ...]  # (family, cumulative ``_sum``) for the families of MEAN_FAMILIES
 BASES: frozenset[str] = frozenset(
     n.removesuffix("_bucket") for kinds in FAMILIES.values() for names in kinds.values() for n in names

@@ -67,9 +67,13 @@ def _sign_in(page: Any, name: str, password: str) -> None:
     wait_idle(page)
 
 
-def _signed_in_as(page: Any) -> str:
-    page.get_by_text("Signed in as").first.wait_for(timeout=30_000)
-    return page.get_by_test_id("stSidebar").get_by_text("Signed in as").first.inner_text()
+def _signed_in_as(page: Any, role: str | None = None) -> str:
+    """The sidebar's "Signed in as" line; with ``role``, once it shows that role (a rerun redraws it)."""
+    line = page.get_by_test_id("stSidebar").get_by_text("Signed in as").first
+    line.wait_for(timeout=30_000)
+    if role is not None:
+        page.get_by_test_id("stSidebar").get_by_text(f"({role})").first.wait_for(timeout=30_000)
+    return line.inner_text()
 
 
 def _nav_labels(page: Any) -> list[str]:
@@ -141,10 +145,10 @@ def test_a_viewer_account_reads_but_has_no_controls_and_no_accounts_page(dashboa
     with browser_page(height=1400) as page:
         open_page(page, base + "/sessions?engine=a")
         _sign_in(page, "vera", PASSWORD)
-        assert "(viewer)" in _signed_in_as(page)
+        assert "(viewer)" in _signed_in_as(page, "viewer")
         page.reload()
         wait_idle(page)
-        assert "(viewer)" in _signed_in_as(page)
+        assert "(viewer)" in _signed_in_as(page, "viewer")
         assert "Accounts" not in _nav_labels(page)
         assert page.get_by_text("viewer role: view only").count() >= 1
         screenshot(page, "accounts-viewer")

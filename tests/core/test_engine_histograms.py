@@ -104,6 +104,42 @@ def test_pages_keep_the_e2e_sum_of_the_histogram_they_read(
     assert dict(snap.histograms)["e2e"][-1] == (math.inf, count)
 
 
+@pytest.mark.parametrize(
+    ("capture", "label", "sums"),
+    [
+        (
+            "vllm-0.33.0-statlogger.prom",
+            "0",
+            {"itl": 39.68624663352966, "decode_time": 31.851853132247925, "output_len": 852.0},
+        ),
+        ("sglang-0.5.23-collectors.prom", "", {"itl": 379.18046199993654, "output_len": 24774.0}),
+    ],
+)
+def test_pages_keep_the_decode_sums_the_forecasts_cost_model_reads(
+    capture: str, label: str, sums: dict[str, float]
+) -> None:
+    """``itl``, ``decode_time`` and ``output_len`` means: the exact mean decode step (SGLang has no decode time)."""
+    kept = dict(parse_engine_metrics((FIXTURES / capture).read_text()).engines[label].histogram_sums)
+    assert {f: kept[f] for f in ("itl", "decode_time", "output_len") if f in kept} == pytest.approx(sums)
+
+
+def test_decode_means_over_an_interval() -> None:
+    def snap(count: float, decode: float, tokens: float) -> EngineSnapshot:
+        return EngineSnapshot(
+            engine_label="0",
+            histograms=(
+                ("decode_time", ((0.3, 0.0), (0.5, count), (math.inf, count))),
+                ("output_len", ((100.0, 0.0), (200.0, count), (math.inf, count))),
+            ),
+            histogram_sums=(("decode_time", decode), ("output_len", tokens)),
+        )
+
+    # 4 requests of 151 tokens decoded in 0.3 s each: a 2 ms step, where the medians say 0.4 s / 149 tokens
+    values = interval_signals(snap(2.0, 0.6, 302.0), 0.0, snap(6.0, 1.8, 906.0), 1.0).values
+    assert (values["decode_time_mean"], values["output_len_mean"]) == pytest.approx((0.3, 151.0))
+    assert (values["decode_time_p50"], values["output_len_p50"]) == pytest.approx((0.4, 150.0))
+
+
 def test_e2e_mean_over_a_scrape_interval_and_over_engine_labels() -> None:
     def snap(label: str, count: float, total: float | None) -> EngineSnapshot:
         return EngineSnapshot(

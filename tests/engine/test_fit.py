@@ -8,7 +8,19 @@ import subprocess
 import pytest
 
 from simulator.config import SimConfigError
-from simulator.fit import PRESETS, fit_from_probes, fit_overrides, least_squares, preset_overrides
+from simulator.fit import (
+    DECODE_PROBES,
+    DECODE_SPAN_S,
+    MAX_DECODE_STEPS,
+    MIN_DECODE_STEPS,
+    PRESETS,
+    decode_probes,
+    decode_steps,
+    fit_from_probes,
+    fit_overrides,
+    least_squares,
+    preset_overrides,
+)
 from tests.support import PYTHON, REPO
 
 METRICS = (
@@ -39,6 +51,32 @@ def test_fit_from_probes_recovers_the_cost_model_and_reads_the_pool():
     assert float(s["prefill_attention_s"]) == pytest.approx(beta, rel=1e-3)
     assert float(s["decode_per_ctx_token_s"]) == pytest.approx(gamma, rel=1e-4)
     assert all(r["measured_s"] == pytest.approx(r["fitted_s"], abs=1e-4) for r in fit["prefill_residuals"])
+
+
+def test_a_constant_outside_the_engine_goes_to_the_prefill_intercept_not_to_alpha_and_beta():
+    """An HTTP round trip of 2 ms on every prefill probe (simulator fit's module doc)."""
+    t0, alpha, beta, gamma, trip = 0.0006, 3.24e-6, 5.57e-10, 3.7e-9, 0.002
+    prefills = [
+        {"prompt_tokens": n, "seconds": trip + t0 + alpha * n + beta * n * n / 2}
+        for n in (200, 745, 1467, 2914, 5765, 11595)
+    ]
+    decodes = [
+        {"batch": b, "ctx": c, "step_s": t0 + gamma * b * c} for b, c in ((1, 1900), (8, 1900), (4, 6200))
+    ]
+    fit = fit_from_probes(METRICS, prefills, decodes)
+    assert float(fit["set"]["prefill_per_token_s"]) == pytest.approx(alpha, rel=1e-4)
+    assert float(fit["set"]["prefill_attention_s"]) == pytest.approx(beta, rel=1e-4)
+    assert fit["prefill_intercept_s"] == pytest.approx(trip + t0, abs=1e-6)
+
+
+def test_decode_probes_take_enough_steps_to_outlast_the_timing_of_an_answer():
+    assert decode_steps(0.02) == MIN_DECODE_STEPS  # a real engine's 20 ms steps: 64 take 1.3 s
+    assert decode_steps(0.0006) == int(DECODE_SPAN_S / 0.0006) + 1 == 1667  # the simulated engine at x10
+    assert decode_steps(1e-6) == decode_steps(0.0) == MAX_DECODE_STEPS
+    # every probe's batch in half the pool, at 2 tokens a word: none is preempted
+    assert decode_probes(400_000, 1667) == DECODE_PROBES
+    assert decode_probes(20_480, 64) == ((1, 1024), (4, 1024), (1, 4096))  # the real CPU engine's default
+    assert decode_probes(None, 64) == DECODE_PROBES and decode_probes(1000, 64) == ((1, 1024),)
 
 
 def test_fit_overrides_names_the_file_when_it_is_not_a_fit(tmp_path):

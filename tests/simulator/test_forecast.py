@@ -8,20 +8,17 @@ from core.attribution import DEFAULT_BLOCK_SIZE
 from core.budgeter import BudgeterConfig
 from simulator.config import CostModel, EngineConfig
 from simulator.forecast import (
-    STEP_TERMS,
     ForecastError,
     ForecastInputs,
     Shapes,
     StartSession,
-    cost_from_fit,
-    cost_from_latencies,
-    cost_with_fit,
     forecast_inputs,
     shapes_from_turns,
     start_sessions,
     turn_overhead,
     turn_overhead_basis,
 )
+from simulator.forecast_cost import STEP_TERMS, cost_from_fit, cost_from_latencies, cost_with_fit, decode_step
 from simulator.forecast_run import run_forecast
 
 NOW = 10_000.0
@@ -211,6 +208,28 @@ def test_cost_from_latencies_reads_each_signal_from_its_fallbacks() -> None:
     assert cost.prefill_per_token_s == pytest.approx(ALPHA, rel=1e-9)
 
 
+def test_the_exact_mean_decode_step_wins_over_interpolated_medians() -> None:
+    """``itl_mean``, else ``decode_time_mean / (output_len_mean - 1)``, before any median (module doc)."""
+    exact = []
+    for u, p in HEALTHY_THEN_COLLAPSED:
+        y = step(u * POOL, p)
+        medians = {
+            "decode_time_p50": y * 180,
+            "output_len_p50": 150,
+            "itl_p50": y * 1.3,
+        }  # off, as buckets are
+        means = {"itl_mean": y} if u > 0.9 else {"decode_time_mean": y * 150, "output_len_mean": 151}
+        exact.append(interval(u, p, **medians, **means))
+    cost = cost_from_latencies(exact, POOL)
+    assert (cost.step_overhead_s, cost.decode_per_ctx_token_s, cost.prefill_per_token_s) == pytest.approx(
+        (T0, GAMMA, ALPHA), rel=1e-9
+    )
+    assert (
+        decode_step({"decode_time_mean": 0.3, "output_len_mean": 1}) is None
+    )  # no step after the first token
+    assert decode_step({"decode_time_p50": 0.3, "output_len_p50": 151}) is None  # medians are step_sample's
+
+
 def test_cost_from_latencies_at_one_load_level_puts_the_step_on_context() -> None:
     samples = [
         {
@@ -237,31 +256,35 @@ def test_cost_from_latencies_without_prefill_variation_fits_the_decode_line_only
     assert cost.prefill_per_token_s == 0.0
 
 
-def test_with_a_fit_the_prefill_terms_are_the_fits_and_the_step_terms_the_recorded_latencies() -> None:
-    samples = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED] * 12  # 60 intervals: enough to overrule
-    # a fit of an engine whose decode steps were below its probes' timing: decode term 0
+def test_with_a_fit_the_cost_model_is_the_fits_and_a_step_term_it_left_at_0_the_recorded_latencies() -> None:
+    samples = [interval(u, p) for u, p in HEALTHY_THEN_COLLAPSED] * 12  # 60 intervals: enough to stand in
     fit = {
         "step_overhead_s": "0.0005",
         "prefill_per_token_s": "4.4e-06",
         "prefill_attention_s": "4.8e-10",
-        "decode_per_ctx_token_s": "0",
+        "decode_per_ctx_token_s": "3e-08",
     }
-    cost, source, terms = cost_with_fit(fit, samples, POOL)
-    assert (source, terms) == ("fit+latencies", ("step_overhead_s", "decode_per_ctx_token_s"))
-    assert cost.step_overhead_s == pytest.approx(T0, rel=1e-9)  # the latencies' estimates
-    assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)
-    assert (cost.prefill_per_token_s, cost.prefill_attention_s) == (4.4e-06, 4.8e-10)  # the fit's
-    # a fit's decode term, resolved or not, gives way to the recorded one; without one the fit is whole
-    assert cost_with_fit(dict(fit, decode_per_ctx_token_s="3e-08"), samples, POOL)[0] == cost
-    # too few recorded intervals (59): a young record does not overrule the fit
-    assert cost_with_fit(fit, samples[:59], POOL) == (cost_from_fit(fit), "fit", ())
+    # a fit that resolved every term is taken whole, however many intervals are recorded
+    assert cost_with_fit(fit, samples, POOL) == (cost_from_fit(fit), "fit", ())
+    # a fit of an engine whose decode steps were below its probes' timing: decode term 0
+    unresolved = dict(fit, decode_per_ctx_token_s="0")
+    cost, source, terms = cost_with_fit(unresolved, samples, POOL)
+    assert (source, terms) == ("fit+latencies", ("decode_per_ctx_token_s",))
+    assert cost.decode_per_ctx_token_s == pytest.approx(GAMMA, rel=1e-9)  # the latencies' estimate
+    assert (cost.step_overhead_s, cost.prefill_per_token_s, cost.prefill_attention_s) == (
+        0.0005,
+        4.4e-06,
+        4.8e-10,
+    )
+    # too few recorded intervals (59): a young record does not stand in; the fit is whole
+    assert cost_with_fit(unresolved, samples[:59], POOL) == (cost_from_fit(unresolved), "fit", ())
     # through forecast_inputs: the inputs say which terms came from the latencies
     inputs = forecast_inputs(
         pool_tokens=POOL,
         session_rows=[],
         turn_rows=[turn(1, NOW - 60, "a", 3000, 0, 100), turn(2, NOW - 30, "a", 3200, 3000, 100)],
         latency_samples=samples,
-        fit=fit,
+        fit=dict(unresolved, step_overhead_s="0"),
         current=BudgeterConfig(),
         now=NOW,
     )
@@ -527,3 +550,88 @@ def test_a_turn_overhead_delays_each_answer_and_the_sessions_next_turn() -> None
     assert (plain["p95_turn_latency_s"], slow["p95_turn_latency_s"]) == (0.102, 2.102)
     assert round(plain["turns_per_s"] * 60) == 54 == int(60 / 1.102)  # turns in the minute
     assert round(slow["turns_per_s"] * 60) == 19 == int(60 / 3.102)
+
+
+def test_a_parked_session_is_admitted_when_a_turn_frees_room_not_at_the_next_tick() -> None:
+    """As the sidecar does: the budgeter releases after every finished turn (and on its tick)."""
+    inputs = ForecastInputs(
+        engine=EngineConfig(pool_tokens=6000),
+        cost=CostModel(0.01, 1e-5, 0.0, 1e-8, 0.0),
+        cost_source="fit",
+        sessions=(
+            StartSession("a", "admitted", 5000, 1, in_flight=True),  # its last turn, in the engine at 0
+            StartSession("b", "parked", 5000, 1, parked_for_s=30.0),
+        ),
+        shapes=Shapes(0.0, (), (100,), (10,), (0.05,), (2,), 0, 10),
+        output_budget=10,
+    )
+    result = run_forecast(inputs, BudgeterConfig(mode="budgeter-park"), 1, seed=1)
+    summary = result["summary"]
+    # a's turn: 100 new tokens and 10 decode steps, 0.102 s. b asks at 0.05 s and is held: a's 5110 tokens
+    # of demand are above the low band (0.75 x 6000). a leaves at 0.102 s and b goes at once (not at the
+    # tick of 1 s): its 5100 uncached tokens and 10 steps take 0.152 s, so it waited 0.052 s
+    assert sum(result["series"]["turns"]) == 2
+    assert summary["p95_turn_latency_s"] == pytest.approx(0.052 + 0.152, abs=0.0015)  # at the tick: 1.1 s
+    assert (summary["parked_max"], summary["parked_end"]) == (0, 0)
+
+
+def test_each_session_declares_its_own_output_budget_and_new_ones_draw_from_the_declared() -> None:
+    rows, _ = _recorded()
+    sessions = [
+        {
+            "session_id": "x",
+            "state": "admitted",
+            "context_tokens": 9000,
+            "turns": 3,
+            "data": {"output_budget": 150},
+        },
+        {
+            "session_id": "y",
+            "state": "parked",
+            "context_tokens": 9000,
+            "turns": 3,
+            "data": {"output_budget": 300},
+        },
+        {
+            "session_id": "z",
+            "state": "ended",
+            "context_tokens": 1,
+            "turns": 9,
+            "data": {"output_budget": 150},
+        },
+        {
+            "session_id": "w",
+            "state": "waiting",
+            "context_tokens": 0,
+            "turns": 0,
+            "data": {"output_budget": "x"},
+        },
+    ]
+    inputs = forecast_inputs(
+        pool_tokens=100_000,
+        session_rows=sessions,
+        turn_rows=rows,
+        latency_samples=[],
+        fit={"step_overhead_s": "0.006", "prefill_per_token_s": "3e-5"},
+        current=BudgeterConfig(mode="off"),
+        now=NOW,
+    )
+    assert [(s.id, s.output_budget) for s in inputs.sessions] == [("w", 0), ("x", 150), ("y", 300)]
+    assert inputs.output_budgets == (150, 150, 300)  # ended sessions' too: what clients declare
+    assert inputs.output_budget == 1024  # for a client that declares none
+
+    # the budgeter counts each session's own budget: 150 where the default would be 1024
+    def parked_mean(budget: int) -> float:
+        crowd = tuple(StartSession(f"c{i}", "admitted", 12000, 2, output_budget=budget) for i in range(12))
+        run_in = ForecastInputs(
+            engine=EngineConfig(pool_tokens=200_000),
+            cost=CostModel(0.006, 3e-5, 0.0, 4e-8, 0.0),
+            cost_source="fit",
+            sessions=crowd,
+            shapes=Shapes(0.05, (12000,), (600,), (150,), (2.0,), (40,), 0, 10),
+            output_budget=1024,
+            output_budgets=(budget,) if budget else (),
+        )
+        return run_forecast(run_in, BudgeterConfig(mode="budgeter-park"), 3, seed=2)["summary"]["parked_mean"]
+
+    assert parked_mean(150) < parked_mean(0)
