@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.budgeter import BudgeterConfig  # noqa: E402
 from simulator.forecast import forecast_inputs  # noqa: E402
-from simulator.forecast_run import run_forecast  # noqa: E402
+from simulator.forecast_draws import draws_for, run_draws  # noqa: E402
 from simulator.offline import run_scenario  # noqa: E402
 
 NOW = 1_000_000.0
@@ -122,14 +122,15 @@ def main() -> int:
         run_scenario("agent-steady", "off", 1, minutes)
         base_s = time.perf_counter() - b0
         f0 = time.perf_counter()
-        runs = [run_forecast(inputs, cfg, minutes, seed=1) for cfg in (current, proposed)]
+        draws = draws_for(minutes)  # as the page runs it: the median of this many draws per config
+        runs = [run_draws(inputs, cfg, minutes, seed=1, draws=draws) for cfg in (current, proposed)]
         fc_s = time.perf_counter() - f0 + prep_s
         rt = " vs ".join(
             f"{r['summary']['mode']} R_t {r['summary']['r_t']} {r['summary']['turns_per_s']} turns/s"
             for r in runs
         )
         print(
-            f"{minutes:>4} min forecast (2 runs): {fc_s:6.2f} s (target <= {target:g} s: "
+            f"{minutes:>4} min forecast (2 x {draws} draws): {fc_s:6.2f} s (target <= {target:g} s: "
             f"{'ok' if fc_s <= target else 'MISSED'}); baseline `simulator run` of {minutes} min: {base_s:6.2f} s; "
             f"ratio {fc_s / base_s:.2f}x  [{rt}]"
         )

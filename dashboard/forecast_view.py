@@ -32,7 +32,7 @@ from db.queries.turns import engine_block_size
 from db.queries.turns import turns as stored_turns
 from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_cost import COST_WINDOW_S
-from simulator.forecast_run import run_forecast
+from simulator.forecast_draws import draws_for, run_draws
 
 LATENCY_SIGNALS = (  # what `simulator.forecast_cost.cost_from_latencies` and `turn_overhead` read
     "itl_mean",
@@ -80,6 +80,7 @@ class Job:
     configs: tuple[BudgeterConfig, BudgeterConfig]
     minutes: float
     seed: int = 0
+    draws: int = 1  # per config: the results are their median and range (`simulator.forecast_draws`)
     progress: float = 0.0
     results: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
@@ -94,11 +95,12 @@ class Job:
         try:
             for i, cfg in enumerate(self.configs):
                 self.results.append(
-                    run_forecast(
+                    run_draws(
                         self.inputs,
                         cfg,
                         self.minutes,
                         self.seed,
+                        self.draws,
                         progress=lambda p, i=i: setattr(self, "progress", (i + p) / 2),
                     )
                 )
@@ -124,8 +126,13 @@ def caption(job: Job, note: str) -> str:
     if i.cost_source == "latencies":
         cost += f"; {NO_FIT_WARNING}"
     ran = f"; ran in {job.finished - job.started:.1f} s." if job.finished is not None else "."
+    draws = (
+        f"the median of {job.draws} draws of new sessions and turns (their range in brackets); "
+        if job.draws > 1
+        else "one draw of new sessions and turns; "
+    )
     return (
-        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now; new sessions at "
+        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now, {draws}new sessions at "
         f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
         f"{i.engine.pool_tokens} tokens in blocks of {i.engine.block_size}; "
         f"{i.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own "
@@ -219,11 +226,18 @@ def start(
         )
     except (ForecastError, data.DatabaseUnavailable) as exc:
         return None, str(exc)
-    return Job(inputs, (current, proposed), minutes).start(), note
+    return Job(inputs, (current, proposed), minutes, draws=draws_for(minutes)).start(), note
 
 
 def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def cell(result: dict[str, Any], key: str) -> str:
+    """A table cell: the draws' median, and their range when they differ."""
+    value = _fmt(result["summary"].get(key))
+    low, high = result.get("spread", {}).get(key, (None, None))
+    return value if low == high else f"{value} ({_fmt(low)}-{_fmt(high)})"
 
 
 def _label(cfg: BudgeterConfig) -> str:
@@ -276,12 +290,12 @@ def section(
             st.error(escape_md(f"The forecast failed: {job.error}"))
             return
         st.caption(escape_md(caption(job, st.session_state.get(key + "_note", ""))))
-        a, b = (r["summary"] for r in job.results)
+        a, b = job.results
         table = pd.DataFrame(
             {
                 "": [name for name, _ in ROWS],
-                f"current: {_label(job.configs[0])}": [_fmt(a.get(k)) for _, k in ROWS],
-                f"proposed: {_label(job.configs[1])}": [_fmt(b.get(k)) for _, k in ROWS],
+                f"current: {_label(job.configs[0])}": [cell(a, k) for _, k in ROWS],
+                f"proposed: {_label(job.configs[1])}": [cell(b, k) for _, k in ROWS],
             }
         )
         st.dataframe(table, hide_index=True, key="forecast_table")

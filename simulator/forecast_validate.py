@@ -8,7 +8,8 @@ For each seed, on loopback ports of its own:
 2. lets it run under ``off`` for ``--warm`` wall minutes (the engine collapses);
 3. takes the preview of ``budgeter-park`` through the Budgeter page's own code
    (``dashboard.forecast_view.start``: the collectors' database only, no fit file unless ``--fit`` or
-   ``--fit-engine``)
+   ``--fit-engine``; as on the page, the median of ``simulator.forecast_draws.draws_for`` draws, their
+   range reported as ``preview_range``)
    for ``--after`` minutes, and at once applies ``budgeter-park`` for real through the sidecar's
    authenticated control API (``PUT /control/budgeter``, recorded in its audit log);
 4. after ``--after`` wall minutes compares the preview with what happened: R_t of the turns that
@@ -208,12 +209,11 @@ def true_cost_preview(job: Any, speed: float) -> dict[str, Any]:
     import dataclasses
 
     from simulator.config import CostModel
-    from simulator.forecast_run import run_forecast
+    from simulator.forecast_draws import run_draws
 
     true = CostModel(**{f.name: getattr(CostModel(), f.name) / speed for f in dataclasses.fields(CostModel)})
-    s = run_forecast(dataclasses.replace(job.inputs, cost=true), job.configs[1], job.minutes, job.seed)[
-        "summary"
-    ]
+    inputs = dataclasses.replace(job.inputs, cost=true)
+    s = run_draws(inputs, job.configs[1], job.minutes, job.seed, job.draws)["summary"]
     est = job.results[1]["summary"]["turns_per_s"]
     return {
         "preview_truth": {k: s[k] for k in ("r_t", "turns_per_s", "parked_end", "p95_turn_latency_s")},
@@ -310,6 +310,7 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
         predicted = {
             k: prop[k] for k in ("r_t", "turns_per_s", "parked_end", "parked_mean", "p95_turn_latency_s")
         }
+        spread = job.results[1].get("spread", {})
         cost = job.inputs.cost
         truth = true_cost_preview(job, args.speed) if args.truth else {}
         if plain is not None:
@@ -326,6 +327,8 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             "warm_min": args.warm,
             "after_min": args.after,
             "preview": predicted,
+            "preview_draws": job.draws,
+            "preview_range": {k: spread[k] for k in ("r_t", "turns_per_s", "parked_end") if k in spread},
             "preview_off": {k: cur[k] for k in ("r_t", "turns_per_s", "parked_end")},
             "actual": actual,
             "within": within(predicted, actual),

@@ -180,9 +180,10 @@ def test_the_forecast_caption_says_what_the_forecast_ran_on() -> None:
         turn_overhead_from="e2e_mean",
         cost_estimated=("step_overhead_s", "decode_per_ctx_token_s"),
     )
-    job = Job(inputs, (BudgeterConfig(), BudgeterConfig()), 30.0, started=100.0, finished=101.5)
+    job = Job(inputs, (BudgeterConfig(), BudgeterConfig()), 30.0, draws=3, started=100.0, finished=101.5)
     assert caption(job, "fit file f.json") == (
-        "30 minutes from 0 sessions as of now; new sessions at 30.00/min and turn shapes from 321 recorded "
+        "30 minutes from 0 sessions as of now, the median of 3 draws of new sessions and turns (their range "
+        "in brackets); new sessions at 30.00/min and turn shapes from 321 recorded "
         "turns; pool 400000 tokens in blocks of 16; 0.25 s of each turn's recorded latency outside the "
         "engine's own (against its exact mean latency); cost model from fit+latencies (fit file f.json; "
         "step_overhead_s, decode_per_ctx_token_s from the recorded latencies); ran in 1.5 s."
@@ -193,6 +194,16 @@ def test_the_forecast_caption_says_what_the_forecast_ran_on() -> None:
     text = caption(dataclasses.replace(job, inputs=bare), "no fit file (PREFIXOPS_FIT unset)")
     assert "(against its median latency, inside histogram buckets: coarse)" in text
     assert text.endswith(f"(no fit file (PREFIXOPS_FIT unset)); {NO_FIT_WARNING}; ran in 1.5 s.")
+    assert "now, one draw of new sessions and turns; new" in caption(dataclasses.replace(job, draws=1), "")
+
+
+def test_a_forecast_cell_is_the_draws_median_with_their_range_when_they_differ() -> None:
+    from dashboard.forecast_view import cell
+
+    result = {"summary": {"parked_end": 17, "r_t": 0.9161, "mode": "off"}, "spread": {"parked_end": [15, 34]}}
+    assert cell(result, "parked_end") == "17 (15-34)"
+    assert cell(result, "r_t") == "0.9161"  # one draw, or no spread recorded
+    assert cell({"summary": {"r_t": None}, "spread": {"r_t": [0.5, 0.5]}}, "r_t") == "n/a"
 
 
 def test_a_subtree_with_no_completed_turn_was_never_hit() -> None:

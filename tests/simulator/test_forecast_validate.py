@@ -56,7 +56,7 @@ def test_the_truth_run_is_the_same_preview_on_the_simulated_engines_own_cost_mod
     est = run_forecast(inputs, park, 1, 0)
     on_truth = run_forecast(dataclasses.replace(inputs, cost=truth), park, 1, 0)["summary"]
     job = SimpleNamespace(
-        inputs=inputs, configs=(BudgeterConfig(), park), minutes=1, seed=0, results=[{}, est]
+        inputs=inputs, configs=(BudgeterConfig(), park), minutes=1, seed=0, draws=1, results=[{}, est]
     )
     out = true_cost_preview(job, speed)
     assert out["preview_truth"] == {
