@@ -231,8 +231,11 @@ async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
         for n in sizes:
             prefills.append(min([await p.prefill(client, n) for _ in range(3)], key=lambda r: r["seconds"]))
         for base in EXTEND_BASES[: None if not quick else 2]:
-            runs = [await p.extend(client, base, EXTEND_WORDS) for _ in range(3)]
-            prefills.append(min(runs, key=lambda r: r["seconds"]))
+            # kept only where the engine says what it had cached (vLLM without
+            # --enable-prompt-tokens-details does not): the offset is the point of the probe
+            runs = [r for _ in range(3) if (r := await p.extend(client, base, EXTEND_WORDS))["cached_tokens"]]
+            if runs:
+                prefills.append(min(runs, key=lambda r: r["seconds"]))
         first = await p.decode(client, 1, 1024, DECODE_SHORT, DECODE_SHORT + MIN_DECODE_STEPS)
         steps = decode_steps(first["step_s"])
         decodes = [first] if steps == MIN_DECODE_STEPS else []
