@@ -16,7 +16,8 @@ model) and writes ``fit.json``:
   new words after a cached prompt of ``EXTEND_BASES`` words (a turn's new
   text at the end of its context, where the forecast's recovered sessions
   prefill): the model of every probe is ``t = c + alpha*n + beta*n*(s + n/2)``
-  with ``n`` new and ``s`` cached tokens, and the offsets ``s`` separate
+  with ``n`` new and ``s`` cached tokens (up to 7K words in all: within the
+  largest fresh probe), and the offsets ``s`` separate
   ``beta`` from ``alpha`` where fresh prompts alone traded one for the other
   (``alpha`` 3.3-5.1e-6, ``beta`` 3.2-6.1e-10 over five fits of one
   simulated engine whose own are 3.24e-6 and 5.57e-10);
@@ -191,7 +192,7 @@ class Prober:
         }
 
 
-EXTEND_BASES = (1024, 4096, 6144)  # words of cached context before the new text of an extension probe
+EXTEND_BASES = (1024, 3072, 5120)  # words of cached context before the new text of an extension probe
 EXTEND_WORDS = 2048
 DECODE_PROBES = ((1, 1024), (4, 1024), (8, 1024), (1, 4096), (4, 4096), (8, 4096))  # (batch, context)
 DECODE_SHORT = 8  # tokens of the short answer; the long one has the decode steps more
