@@ -237,7 +237,7 @@ def cell(result: dict[str, Any], key: str) -> str:
     """A table cell: the draws' median, and their range when they differ."""
     value = _fmt(result["summary"].get(key))
     low, high = result.get("spread", {}).get(key, (None, None))
-    return value if low == high else f"{value} ({_fmt(low)}-{_fmt(high)})"
+    return value if low == high else f"{value} ({_fmt(low)}–{_fmt(high)})"
 
 
 def _label(cfg: BudgeterConfig) -> str:

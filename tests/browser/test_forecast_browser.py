@@ -2,7 +2,8 @@
 
 A filled database (tests/dashboard/fill.py) plus 30 minutes of turn rows shaped like the collapse demo's
 traffic for engine ``a``'s sidecar, and a fit file of engine ``a`` (``PREFIXOPS_FIT``). The operator runs the
-forecast (180 minutes) of `off` against the current `budgeter-park`; the page comes back with a progress bar while the job runs (forecast-budgeter-progress.png), then shows the current and the proposed runs side by side. Screenshot:
+forecast (180 minutes) of `off` against the current `budgeter-park`; the page comes back with a progress bar while the job runs (forecast-budgeter-progress.png), then shows the current and the proposed runs side by side; then a quarter of an hour, the median of five draws with their ranges
+(forecast-budgeter-draws.png). Screenshot:
 artifacts/screenshots/forecast-budgeter.png.
 """
 
@@ -93,3 +94,14 @@ def test_forecast_runs_in_the_background_and_shows_both_runs(dashboard: str) -> 
         wait_idle(page)
         assert page.locator("[data-testid='stException']").count() == 0
         screenshot(page, "forecast-budgeter")
+
+        # a quarter of an hour: five draws per config, each cell their median with the range
+        minutes.fill("15")
+        minutes.press("Enter")
+        wait_idle(page)
+        page.get_by_role("button", name="Run forecast").click()
+        page.get_by_text("the median of 5 draws").first.wait_for(state="attached", timeout=120_000)
+        page.wait_for_timeout(1500)
+        wait_idle(page)
+        assert page.locator("[data-testid='stException']").count() == 0
+        screenshot(page, "forecast-budgeter-draws")

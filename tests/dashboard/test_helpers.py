@@ -201,7 +201,7 @@ def test_a_forecast_cell_is_the_draws_median_with_their_range_when_they_differ()
     from dashboard.forecast_view import cell
 
     result = {"summary": {"parked_end": 17, "r_t": 0.9161, "mode": "off"}, "spread": {"parked_end": [15, 34]}}
-    assert cell(result, "parked_end") == "17 (15-34)"
+    assert cell(result, "parked_end") == "17 (15–34)"
     assert cell(result, "r_t") == "0.9161"  # one draw, or no spread recorded
     assert cell({"summary": {"r_t": None}, "spread": {"r_t": [0.5, 0.5]}}, "r_t") == "n/a"
 
