@@ -14,9 +14,9 @@ the simulated engine's own cost model gave 15, 34 and 17 parked sessions at the 
 * ``series``: each per-second series, the median at each second.
 
 ``draws_for``: as many draws as fit in ``DRAW_MINUTES`` simulated minutes per config, odd, from 1 to
-``MAX_DRAWS``: five for a quarter of an hour, three for half an hour (within the 2 s the issue allows a
-30-minute forecast at the collapse demo's traffic, `bench/bench_forecast.py`), one from 45 minutes (a
-6-hour forecast stays one draw, within its 10 s).
+``MAX_DRAWS``: five up to 18 minutes, three up to half an hour (within the 2 s the issue allows a
+30-minute forecast at the collapse demo's traffic, `bench/bench_forecast.py`), one beyond (a 6-hour
+forecast stays one draw, within its 10 s).
 """
 
 from __future__ import annotations
