@@ -34,9 +34,9 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
     and have left (not in ``present``): how long a session lasts;
   - ``shared_prefix``: the median cached tokens of arrivals' first turns (what
     a new session finds cached: the shared system prompt).
-* the cost model (``simulator.forecast_cost``): a fit file's, with the
-  recorded latencies' per-step terms, or one estimated from the recorded
-  latencies alone.
+* the cost model (``simulator.forecast_cost``): a fit file's (a per-step
+  term it left at 0 taken from the recorded latencies), else one estimated
+  from the recorded latencies alone.
 
 * ``turn_overhead``: the part of a turn's latency, as the sidecar measures it
   (``latency_s``: forwarded to answered), that the engine's own clock does not

@@ -19,9 +19,9 @@ For each seed, on loopback ports of its own:
    ``PARKED_TOLERANCE`` of what happened or ``PARKED_MIN_SESSIONS``, whichever is larger.
 
 ``--fit-engine`` is the operator's path for an engine they have fitted: each seed's engine, once up
-and before any load reaches it, is probed with ``simulator fit`` (about 2 s) and the preview is taken
-with that file as ``PREFIXOPS_FIT`` (the fit's prefill terms, the recorded latencies' per-step terms:
-``simulator.forecast_cost.cost_with_fit``); the preview without the fit is taken at the same moment and
+and before any load reaches it, is probed with ``simulator fit`` (about 10 s at x10) and the preview is
+taken with that file as ``PREFIXOPS_FIT`` (the fit's cost model: ``simulator.forecast_cost.cost_with_fit``);
+the preview without the fit is taken at the same moment and
 reported beside it (``preview_without_fit``, ``within_without_fit``).
 
 The simulated engine's lag behind wall-clock time (``/sim/state``) is reported: a machine too busy
