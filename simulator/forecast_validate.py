@@ -62,7 +62,6 @@ R_T_TOLERANCE = 0.1
 PARKED_TOLERANCE = 0.30
 PARKED_MIN_SESSIONS = 3
 MODE = "budgeter-park"
-E2E = "vllm:e2e_request_latency_seconds"
 OUTSIDE_WINDOW_S = 60.0  # the span before the switch over which ``latency_outside`` is measured
 # Alembic's migration context is process-global: seeds run at once migrate their databases one at a time
 _MIGRATING = threading.Lock()
@@ -101,21 +100,17 @@ def actual_r_t(turns: list[dict[str, Any]]) -> float | None:
 
 
 def e2e_totals(engine: str) -> tuple[float, float] | None:
-    """The engine's end-to-end latency histogram: its sum and count over every label (``/metrics``)."""
-    from core.engine_metrics.text import read_families
+    """The engine's end-to-end latency histogram: its sum and count over every label (``/metrics``, read by
+    `core.engine_metrics`, which keeps the ``_sum`` of that histogram); ``(0, 0)`` before any request."""
+    from core.engine_metrics import parse_engine_metrics
 
     try:
         text = httpx.get(f"{engine}/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
-    total = count = 0.0
-    for family in read_families(text):
-        for s in family.samples:
-            if s.name == E2E + "_sum":
-                total += s.value
-            elif s.name == E2E + "_count":
-                count += s.value
-    return total, count
+    snap = parse_engine_metrics(text).total()
+    buckets = dict(snap.histograms).get("e2e") or ((0.0, 0.0),)
+    return dict(snap.histogram_sums).get("e2e", 0.0), buckets[-1][1]
 
 
 def latency_outside(
