@@ -4,7 +4,7 @@ Probes an OpenAI-compatible engine briefly (about a minute on the tiny CPU
 model) and writes ``fit.json``:
 
 * **prefill** against context: fresh prompts (distinct random words, so
-  nothing is cached) of several sizes with ``max_tokens=1``, timed end to end;
+  nothing is cached) of several sizes with ``max_tokens=1``, timed (below: "The engine's clock");
   least squares of ``t = c + alpha*n + beta*n^2/2`` (the simulator's
   attention-aware prefill of a chunk starting at 0, simulator/config.py
   ``CostModel``). The intercept ``c`` is free (``prefill_intercept_s`` in the
@@ -37,6 +37,19 @@ model) and writes ``fit.json``:
 * **pool**: ``vllm:cache_config_info`` (``kv_cache_size_tokens``,
   ``block_size``) from the engine's /metrics.
 
+**The engine's clock.** Each probe is timed twice: the wall time of its answer, and the engine's own
+phase time (``simulator.engine_clock``: the growth of vLLM's ``request_prefill_time_seconds`` and
+``request_decode_time_seconds`` across the probe, read from /metrics before and after it). The fit
+uses the engine's clock when every probe of a kind has it (``"clock"`` in the file says which), else
+the wall times: one clock for all, as their intercepts differ. On the wall clock, the HTTP round
+trips and a machine busy with other work left the three fits of a simulated engine at x10 in the
+forecast's validation with ``alpha`` 2-3% and ``beta`` 3-9% off the engine's own (docs/dashboard.md,
+"Validation"); on the engine's clock the prefill terms are the engine's to four digits and ``gamma``
+within 0.2%. A prompt longer than one step's token budget is prefilled in chunks, each a step with
+its own ``T0`` (``prefill_chunks``, at the simulator's default budget, which the forecast's engine
+uses too): the fit takes the decode fit's ``T0`` off each chunk after the first, which otherwise bent
+``alpha`` and ``beta`` by 0.5-1%.
+
 ``fit.json["set"]`` maps simulator ``--set`` keys to the fitted values;
 ``simulator run --fit fit.json`` applies them before any ``--set`` of its own.
 It also records the probes and the fit residuals, so the agreement of the
@@ -52,6 +65,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import re
 import sys
@@ -61,8 +75,9 @@ from typing import Any
 
 import httpx
 
-from simulator.config import SimConfigError
+from simulator.config import EngineConfig, SimConfigError
 from simulator.content import words
+from simulator.engine_clock import Totals, phase_mean, phase_totals
 
 # Workloads scaled to the real CPU engine (docs/real-engine.md): minutes of wall time instead of 90
 # simulated minutes, contexts within the tiny model's 16K. ``pool_tokens`` is the engine's pool
@@ -146,7 +161,26 @@ class Prober:
         more = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": words(self.rng, n)}]
         return await self.timed(client, messages + more)
 
-    async def timed(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> dict[str, float]:
+    async def clock(self, client: httpx.AsyncClient) -> Totals:
+        """The engine's phase-time totals now (`simulator.engine_clock`)."""
+        return phase_totals((await client.get(f"{self.engine}/metrics", timeout=30)).text)
+
+    async def phase_time(
+        self, client: httpx.AsyncClient, before: Totals, phase: str, requests: int
+    ) -> float | None:
+        """Mean ``phase`` seconds of the ``requests`` requests finished since ``before``, by the engine's
+        clock; None where the engine has no such histogram or something else ran beside them."""
+        if phase not in before:
+            return None
+        for _ in range(CLOCK_READS):  # an engine may record a request's stats just after answering it
+            mean = phase_mean(before, await self.clock(client), phase, requests)
+            if mean is not None:
+                return mean
+            await asyncio.sleep(0.05)
+        return None
+
+    async def timed(self, client: httpx.AsyncClient, messages: list[dict[str, str]]) -> dict[str, Any]:
+        before = await self.clock(client)
         t0 = time.perf_counter()
         r = await client.post(
             f"{self.engine}/v1/chat/completions",
@@ -160,6 +194,7 @@ class Prober:
             "prompt_tokens": usage["prompt_tokens"],
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
             "seconds": dt,
+            "engine_s": await self.phase_time(client, before, "prefill", 1),
         }
 
     async def complete(
@@ -181,14 +216,18 @@ class Prober:
         ``long - short`` decode steps."""
         prompts = [self.prompt(ctx) for _ in range(batch)]
         warm = await asyncio.gather(*[self.complete(client, p, 1) for p in prompts])
-        times = {}
+        times, engine = {}, {}
         for tokens in (short, long):
+            before = await self.clock(client)
             answers = await asyncio.gather(*[self.complete(client, p, tokens) for p in prompts])
             times[tokens] = max(t for t, _ in answers)
+            engine[tokens] = await self.phase_time(client, before, "decode", batch)
+        on_engine = None if None in engine.values() else (engine[long] - engine[short]) / (long - short)
         return {  # the context as the engine counted it (``ctx`` words are more tokens than that)
             "batch": batch,
             "ctx": sum(n for _, n in warm) / batch + (long + short) // 2,
             "step_s": max(0.0, (times[long] - times[short]) / (long - short)),
+            "engine_step_s": None if on_engine is None else max(0.0, on_engine),
         }
 
 
@@ -199,6 +238,7 @@ DECODE_SHORT = 8  # tokens of the short answer; the long one has the decode step
 MIN_DECODE_STEPS = 64
 MAX_DECODE_STEPS = 2048  # 4096 + 8 + 2048 tokens: within a 16K-context model
 DECODE_SPAN_S = 1.0  # wall seconds the decode steps of a probe should take at least
+CLOCK_READS = 5  # readings of /metrics, 50 ms apart, for a probe's phase times to appear
 
 
 def decode_steps(step_s: float) -> int:
@@ -218,6 +258,28 @@ def decode_probes(pool: int | None, steps: int) -> tuple[tuple[int, int], ...]:
     return fits or DECODE_PROBES[:1]
 
 
+def prefill_seconds(p: dict[str, Any]) -> float:
+    """A prefill probe's time: the engine's own where it reported one, else the wall time of its answer."""
+    return p["engine_s"] if p.get("engine_s") is not None else p["seconds"]
+
+
+def step_seconds(d: dict[str, Any]) -> float:
+    """A decode probe's step: the engine's own where it reported one, else from the answers' wall times."""
+    return d["engine_step_s"] if d.get("engine_step_s") is not None else d["step_s"]
+
+
+def prefill_chunks(new_tokens: float, budget: int = EngineConfig.max_num_batched_tokens) -> int:
+    """Steps that prefill ``new_tokens`` at ``budget`` tokens a step (vLLM's chunked prefill, at the
+    simulator's default budget: the forecast's engine prefills at it too)."""
+    return max(1, math.ceil(new_tokens / budget))
+
+
+def clock_of(probes: list[dict[str, Any]], key: str) -> str:
+    """``"engine"`` when every probe carries the engine's own time (``key``), else ``"wall"``: one clock
+    for all the probes of a fit, as the intercept differs between the two."""
+    return "engine" if probes and all(p.get(key) is not None for p in probes) else "wall"
+
+
 async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
     from core.engine_metrics import pool_tokens
 
@@ -228,17 +290,17 @@ async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
         await p.prefill(client, 64)  # warm-up
         sizes = [128, 512, 1024, 2048, 4096] + ([] if quick else [8192])
         prefills = []
-        # the fastest of three: what a shared machine or an HTTP round trip adds is never negative
+        # the fastest of three: what a shared machine adds is never negative (on either clock)
         for n in sizes:
-            prefills.append(min([await p.prefill(client, n) for _ in range(3)], key=lambda r: r["seconds"]))
+            prefills.append(min([await p.prefill(client, n) for _ in range(3)], key=prefill_seconds))
         for base in EXTEND_BASES[: None if not quick else 2]:
             # kept only where the engine says what it had cached (vLLM without
             # --enable-prompt-tokens-details does not): the offset is the point of the probe
             runs = [r for _ in range(3) if (r := await p.extend(client, base, EXTEND_WORDS))["cached_tokens"]]
             if runs:
-                prefills.append(min(runs, key=lambda r: r["seconds"]))
+                prefills.append(min(runs, key=prefill_seconds))
         first = await p.decode(client, 1, 1024, DECODE_SHORT, DECODE_SHORT + MIN_DECODE_STEPS)
-        steps = decode_steps(first["step_s"])
+        steps = decode_steps(step_seconds(first))
         decodes = [first] if steps == MIN_DECODE_STEPS else []
         for batch, ctx in decode_probes(pool_tokens(metrics), steps)[1 if decodes else 0 :]:
             decodes.append(await p.decode(client, batch, ctx, DECODE_SHORT, DECODE_SHORT + steps))
@@ -246,24 +308,29 @@ async def probe(engine: str, model: str | None, quick: bool) -> dict[str, Any]:
 
 
 def fit_from_probes(
-    metrics: str, prefills: list[dict[str, float]], decodes: list[dict[str, float]]
+    metrics: str, prefills: list[dict[str, Any]], decodes: list[dict[str, Any]]
 ) -> dict[str, Any]:
     from core.engine_metrics import pool_tokens
 
     pool = pool_tokens(metrics)
     m = re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', metrics)
     block = int(m.group(1)) if m else 16
+    clocks = {"prefill": clock_of(prefills, "engine_s"), "decode": clock_of(decodes, "engine_step_s")}
+    p_key = "engine_s" if clocks["prefill"] == "engine" else "seconds"
+    d_key = "engine_step_s" if clocks["decode"] == "engine" else "step_s"
     # decode: step = T0 + gamma * batch * ctx
     d_rows = [[1.0, d["batch"] * d["ctx"]] for d in decodes]
-    t0, gamma = least_squares(d_rows, [d["step_s"] for d in decodes])
+    t0, gamma = least_squares(d_rows, [d[d_key] for d in decodes])
 
     # prefill of n new tokens after s cached: t = c + alpha*n + beta*n*(s + n/2), c free (module doc)
-    def new_cached(p: dict[str, float]) -> tuple[float, float]:
+    def new_cached(p: dict[str, Any]) -> tuple[float, float]:
         cached = min(p.get("cached_tokens") or 0, p["prompt_tokens"])
         return p["prompt_tokens"] - cached, cached
 
     p_rows = [[1.0, n, n * (s + n / 2.0)] for n, s in map(new_cached, prefills)]
-    c, alpha, beta = least_squares(p_rows, [p["seconds"] for p in prefills])
+    # a prompt longer than a step's token budget is prefilled in chunks, one step (and its T0) each
+    p_ys = [p[p_key] - t0 * (prefill_chunks(new_cached(p)[0]) - 1) for p in prefills]
+    c, alpha, beta = least_squares(p_rows, p_ys)
 
     def pre(n: float, s: float = 0.0) -> float:
         return c + alpha * n + beta * n * (s + n / 2)
@@ -272,7 +339,7 @@ def fit_from_probes(
         {
             "prompt_tokens": p["prompt_tokens"],
             "cached_tokens": new_cached(p)[1],
-            "measured_s": round(p["seconds"], 4),
+            "measured_s": round(p[p_key], 4),
             "fitted_s": round(pre(*new_cached(p)), 4),
         }
         for p in prefills
@@ -281,7 +348,7 @@ def fit_from_probes(
         {
             "batch": d["batch"],
             "ctx": d["ctx"],
-            "measured_s": round(d["step_s"], 5),
+            "measured_s": round(d[d_key], 5),
             "fitted_s": round(t0 + gamma * d["batch"] * d["ctx"], 5),
         }
         for d in decodes
@@ -297,6 +364,7 @@ def fit_from_probes(
         settings["pool_tokens"] = pool
     return {
         "set": {k: (f"{v:.6g}" if isinstance(v, float) else str(v)) for k, v in settings.items()},
+        "clock": clocks,
         "prefill_intercept_s": round(c, 6),
         "prefill_residuals": residuals,
         "decode_residuals": d_res,
@@ -330,7 +398,7 @@ def fit_command(args: argparse.Namespace) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("set", "miss_to_hit_cost_ratio_at_4k", "probe_s")}))
+    print(json.dumps({k: result[k] for k in ("set", "clock", "miss_to_hit_cost_ratio_at_4k", "probe_s")}))
     return 0
 
 
