@@ -265,10 +265,13 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             for s in services:
                 if s.proc is not None and s.proc.poll() is not None:
                     raise RuntimeError(f"{s.name} exited ({s.proc.returncode}):\n{s.tail()}")
-        at_switch = e2e_totals(engine)
+        # each latency_outside pairs the turns and the engine's totals of one span: the previews take
+        # seconds, and a collapsed turn finishing between two readings moves a mean by hundreds of ms
+        previewed = (time.time(), e2e_totals(engine))
         job, info = preview(url, args.after, fit)
         # with a fit, the preview without one too (the same database, a moment later): what the fit changes
         plain = preview(url, args.after, None)[0] if fit else None
+        at_switch = e2e_totals(engine)
         switched = time.time()
         set_control_mode(sidecar, token, MODE)
         parked_seen = []
@@ -280,14 +283,15 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
         end = switched + args.after * 60
         parked_end = _parked(sidecar)
         at_end = e2e_totals(engine)
+        ended = time.time()
         turns = turns_between(sidecar, token, switched, end)
         outside = {
             "before": latency_outside(
-                turns_between(sidecar, token, before[0], switched) if before else [],
+                turns_between(sidecar, token, before[0], previewed[0]) if before else [],
                 before[1] if before else None,
-                at_switch,
+                previewed[1],
             ),
-            "after": latency_outside(turns, at_switch, at_end),
+            "after": latency_outside(turns_between(sidecar, token, switched, ended), at_switch, at_end),
         }
         for j in (job, plain):
             while j is not None and j.finished is None:
