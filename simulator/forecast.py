@@ -6,10 +6,16 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 * ``start_sessions``: the sidecar's sessions as of its last ``/sessions``
   (``admitted``, ``parked``, ``waiting``; any other state is left out) with
   their context, the turns they have done, and whether an admitted one has a
-  turn in flight (``in_flight``: already forwarded, so no control can hold it)
-  and the output budget its client declared (``output_budget``, the sidecar's
-  record; ``declared_budgets``: those of every session row, which new sessions
-  draw from).
+  turn in flight (``in_flight``: already forwarded, so no control can hold it),
+  how long ago its last activity was (``since_activity_s``, from the sidecar's
+  ``last_activity``: the turn in flight was forwarded then, or the last turn
+  finished then; the forecast's engine takes the turns in flight in that
+  order, oldest first, as the engine's queue has them, and keeps the contexts
+  used last in its cache, with those of its running batch, ``engine_running``:
+  the engine's ``requests_running`` at its newest sample, the oldest turns in
+  flight) and the output budget its client declared
+  (``output_budget``, the sidecar's record; ``declared_budgets``: those of
+  every session row, which new sessions draw from).
 * ``shapes_from_turns``: the workload recorded over the last ``window_s``
   (30 minutes) of the turn trace (``turns`` table, outcome ``ok`` only):
 
@@ -44,8 +50,8 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   its work. Each engine interval of the workload window (after the
   interval's previous sample, up to its ``ts``) is paired with the turns
   recorded finishing in it. Where intervals carry ``e2e_mean`` (the engine's
-  exact mean arrival-to-finish latency, from its histogram's sum and count),
-  the overhead is the turns' mean ``latency_s`` minus the engine's mean, the
+  exact mean arrival-to-finish latency, from its histogram's sum and count; a
+  multi-rank engine's labels averaged), the overhead is the turns' mean ``latency_s`` minus the engine's mean, the
   engine's side weighted by the turns of each interval::
 
       overhead = sum_i (sum of latency_s in i - n_i * e2e_mean_i) / sum_i n_i
@@ -106,6 +112,7 @@ class StartSession:
     pinned: bool = False
     in_flight: bool = False  # an admitted session with a turn already forwarded to the engine
     output_budget: int = 0  # what its client declared (max_tokens, as the sidecar bounded it); 0: unknown
+    since_activity_s: float = 0.0  # since its turn in flight was forwarded, or its last turn finished
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,7 @@ class ForecastInputs:
     cost_estimated: tuple[str, ...] = ()
     # the budgets the sidecar's sessions declared: each new session draws its own from them
     output_budgets: tuple[int, ...] = ()
+    engine_running: int = 0  # requests the engine was running at its newest sample (``engine_running``)
 
 
 def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[StartSession, ...]:
@@ -146,6 +154,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
             continue
         doc = r.get("data") if isinstance(r.get("data"), dict) else {}
         since = as_num(doc.get("parked_since")) if r["state"] == "parked" else None
+        active = as_num(doc.get("last_activity"))
         out.append(
             StartSession(
                 id=str(r["session_id"]),
@@ -157,6 +166,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
                 manual=bool(r.get("manual")),
                 pinned=bool(r.get("pinned")),
                 output_budget=as_int(doc.get("output_budget")),
+                since_activity_s=max(0.0, now - active) if active is not None else 0.0,
             )
         )
     return tuple(sorted(out, key=lambda s: s.id))
@@ -260,17 +270,22 @@ def turn_overhead_basis(
         and (lat := as_num(t.get("latency_s"))) is not None
     )
     stamps = [ts for ts, _ in done]
-    means: dict[float, float] = {}
-    p50s: dict[float, float] = {}
+    by_label: dict[float, dict[str, list[float]]] = {}
     for s in samples:
         ts = as_num(s.get("ts"))
         if ts is None or ts > now:
             continue
-        means.setdefault(ts, math.nan)  # every sample's time bounds an interval (any engine label)
-        for key, into in (("e2e_mean", means), ("e2e_p50", p50s)):
+        at = by_label.setdefault(ts, {})  # every sample's time bounds an interval (any engine label)
+        for key in ("e2e_mean", "e2e_p50"):
             value = as_num(s.get(key))
             if value is not None:
-                into[ts] = value
+                at.setdefault(key, []).append(value)
+    # a multi-rank engine's labels at one time: the mean of their values (the collectors keep no
+    # per-rank request count to weigh them by; a balancer spreads the turns across the ranks)
+    means = {
+        ts: statistics.fmean(v["e2e_mean"]) if "e2e_mean" in v else math.nan for ts, v in by_label.items()
+    }
+    p50s = {ts: statistics.fmean(v["e2e_p50"]) for ts, v in by_label.items() if "e2e_p50" in v}
     times = sorted(means)
     excess = paired = 0.0
     deltas = []
@@ -288,6 +303,19 @@ def turn_overhead_basis(
     if paired:
         return max(0.0, excess / paired), "e2e_mean"
     return (max(0.0, statistics.median(deltas)), "e2e_p50") if deltas else (0.0, "none")
+
+
+def engine_running(samples: Iterable[Mapping[str, Any]], now: float) -> int:
+    """The engine's ``requests_running`` at its newest sample at or before ``now`` (a multi-rank engine's
+    labels added); 0 without one. Its running batch: the turns in flight longest, whose KV it holds."""
+    newest, total = -math.inf, 0.0
+    for s in samples:
+        ts, value = as_num(s.get("ts")), as_num(s.get("requests_running"))
+        if ts is None or value is None or ts > now or ts < newest:
+            continue
+        total = (total if ts == newest else 0.0) + value
+        newest = ts
+    return max(0, round(total))
 
 
 def forecast_inputs(
@@ -352,4 +380,5 @@ def forecast_inputs(
         turn_overhead_from=basis,
         cost_estimated=estimated,
         output_budgets=declared_budgets(rows),
+        engine_running=engine_running(samples, now),
     )

@@ -6,12 +6,20 @@ with the sidecar's budgeter (``core.budgeter``, the sidecar's own code) in
 only). The run:
 
 * *warm-up* (before t = 0, not counted): the admitted sessions' contexts are
-  prefilled once, so the cache holds what they last used, as far as the pool
-  allows; parked and waiting sessions start uncached;
+  prefilled once, least recently active first (``since_activity_s``), and
+  last the engine's running batch (the ``engine_running`` turns in flight
+  longest, which the engine is serving and holds the KV of), so the cache holds
+  what the engine holds, as far as the pool allows; parked and waiting
+  sessions start uncached. (Without the running batch, the preview of a
+  collapsed engine's recovery started by prefilling again what the engine
+  had: it parked 90 sessions in its first 20 s where the live sidecar parked
+  138; docs/dashboard.md, "Validation");
 * *sessions as of now*: the budgeter starts with them in their states; an
   admitted one with a turn in flight has it in the engine at t = 0 (it was
   forwarded under the current config: no control holds it; a collapsed
-  engine's backlog is there to drain), every other one asks for its next turn
+  engine's backlog is there to drain), in the order they were forwarded
+  (the engine's queue is first come, first served), its latency counted from
+  when it was forwarded; every other one asks for its next turn
   after a tool gap drawn from the recorded gaps (a parked or waiting one is held
   until the budgeter admits it); each lasts a
   total number of turns drawn from the recorded totals above the turns it has
@@ -123,7 +131,13 @@ def run_forecast(
     n_sec = max(1, int(math.ceil(horizon)))
 
     # warm-up: the admitted sessions' contexts, prefilled once
-    warm = [s for s in inputs.sessions if s.state == "admitted" and s.context_tokens > 0]
+    oldest_first = sorted(inputs.sessions, key=lambda s: (-s.since_activity_s, s.id))
+    running = {s.id for s in [s for s in oldest_first if s.in_flight][: inputs.engine_running]}
+    warm = [
+        s
+        for s in sorted(oldest_first, key=lambda s: s.id in running)  # stable: the running batch last
+        if s.state == "admitted" and s.context_tokens > 0
+    ]
     contents = {s.id: _content(sh.shared_prefix, s.id) for s in inputs.sessions}
     for s in warm:
         tokens = min(s.context_tokens, pool_tokens - inputs.engine.block_size)
@@ -258,7 +272,7 @@ def run_forecast(
             progress(second / n_sec)
 
     loop = EventLoop(engine, on_finish)
-    for s in inputs.sessions:
+    for s in oldest_first:  # turns in flight reach the engine in the order they were forwarded
         rng = random.Random(f"{seed}-now-{s.id}")
         sess = _Sess(
             s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done)
@@ -268,7 +282,7 @@ def run_forecast(
         if s.in_flight:
             prompt = max(1, sess.context + rng.choice(sh.extras))
             budgeter.request_turn(s.id, t0, prompt, sess.budget)  # mode off: forwarded
-            sess.gated_at = t0
+            sess.gated_at = t0 - s.since_activity_s  # its latency counts from when it was forwarded
             loop.push(t0, lambda now, x: forward(x[0], now, x[1]), (sess, prompt))
         else:
             loop.push(t0 + gap(sess), submit, sess)

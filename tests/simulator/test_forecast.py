@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from core.attribution import DEFAULT_BLOCK_SIZE
-from core.budgeter import BudgeterConfig
+from core.budgeter import Budgeter, BudgeterConfig
 from simulator.config import CostModel, EngineConfig
 from simulator.forecast import (
     ForecastError,
     ForecastInputs,
     Shapes,
     StartSession,
+    engine_running,
     forecast_inputs,
     shapes_from_turns,
     start_sessions,
@@ -528,6 +529,10 @@ def test_turn_overhead_from_exact_means_weighs_the_engines_side_by_the_turns_of_
     shifted = [dict(s, e2e_mean=20.0) if s["ts"] == 120.0 else s for s in samples]
     assert turn_overhead(moved, shifted, now=140.0) == pytest.approx((0.8 + 0.9) / 5)
     assert turn_overhead(rows[3:6], samples, now=140.0) == pytest.approx(0.9 / 3)
+    # two ranks of one engine at the same times, 1.5 and 2.5 s: averaged (the last alone, 2.5 s, gave 0)
+    ranks = [dict(s, e2e_mean=s["e2e_mean"] + d) for s in samples if "e2e_mean" in s for d in (-0.5, 0.5)]
+    assert turn_overhead(rows[3:6], samples[:1] + ranks, now=140.0) == pytest.approx(0.9 / 3)
+    assert turn_overhead(rows[3:6], samples[:1] + ranks[1::2], now=140.0) == 0.0
     assert turn_overhead([dict(r, latency_s=1.0) for r in rows[3:6]], samples, now=140.0) == 0.0  # at least 0
 
 
@@ -635,3 +640,85 @@ def test_each_session_declares_its_own_output_budget_and_new_ones_draw_from_the_
         return run_forecast(run_in, BudgeterConfig(mode="budgeter-park"), 3, seed=2)["summary"]["parked_mean"]
 
     assert parked_mean(150) < parked_mean(0)
+
+
+def test_the_last_activity_and_the_engines_running_batch_come_from_the_collectors_rows() -> None:
+    rows = [
+        {
+            "session_id": "a",
+            "state": "admitted",
+            "context_tokens": 1,
+            "turns": 1,
+            "data": {"in_flight": 1, "last_activity": NOW - 12.5},
+        },
+        {"session_id": "b", "state": "admitted", "context_tokens": 1, "turns": 1, "data": {}},
+        {
+            "session_id": "c",
+            "state": "admitted",
+            "context_tokens": 1,
+            "turns": 1,
+            "data": {"last_activity": NOW + 3},
+        },  # a clock ahead of ours: not negative
+    ]
+    assert [s.since_activity_s for s in start_sessions(rows, NOW)] == [12.5, 0.0, 0.0]
+    samples = [
+        {"ts": NOW - 20, "requests_running": 40.0},
+        {"ts": NOW - 5, "requests_running": 7.0},  # two ranks of one engine at its newest sample: added
+        {"ts": NOW - 5, "requests_running": 5.0},
+        {"ts": NOW - 5, "kv_usage": 0.9},
+        {"ts": NOW + 1, "requests_running": 99.0},  # after now
+        {"requests_running": 98.0},  # no time
+    ]
+    assert engine_running(samples, NOW) == 12
+    assert engine_running(samples[:1], NOW) == 40 and engine_running([], NOW) == 0
+
+
+def _in_flight(ages: dict[str, float], pool: int, running: int = 0, idle: dict[str, float] | None = None):
+    """Sessions of 5000 tokens with their last turn in flight (``ages``: seconds since it was forwarded)
+    and, ``idle``, between turns (seconds since their last turn); a turn: 100 new tokens, 10 answered."""
+    sessions = tuple(
+        StartSession(sid, "admitted", 5000, 1, in_flight=True, since_activity_s=age)
+        for sid, age in ages.items()
+    ) + tuple(
+        StartSession(sid, "admitted", 5000, 1, since_activity_s=age) for sid, age in (idle or {}).items()
+    )
+    return ForecastInputs(
+        engine=EngineConfig(pool_tokens=pool),
+        cost=CostModel(0.01, 1e-5, 0.0, 1e-8, 0.0),
+        cost_source="fit",
+        sessions=sessions,
+        shapes=Shapes(0.0, (), (100,), (10,), (100.0,), (2,), 0, 10),
+        output_budget=10,
+        engine_running=running,
+    )
+
+
+def test_turns_in_flight_reach_the_engine_in_the_order_they_were_forwarded(monkeypatch) -> None:
+    """The engine's queue is first come, first served: in a pool that runs one at a time, the turn forwarded
+    9 s ago finishes first, then the 5 s one, then the 1 s one; each latency counts from its forwarding."""
+    finished = []
+    real = Budgeter.turn_finished
+    monkeypatch.setattr(
+        Budgeter,
+        "turn_finished",
+        lambda self, sid, *a, **k: (finished.append(sid), real(self, sid, *a, **k))[1],
+    )
+    result = run_forecast(
+        _in_flight({"a": 1.0, "b": 9.0, "c": 5.0}, pool=6000), BudgeterConfig(mode="off"), 1
+    )
+    assert finished == ["b", "c", "a"]
+    # b: 9 s before t = 0, then its 5100 uncached tokens and 10 steps, 0.152 s
+    assert result["summary"]["p95_turn_latency_s"] == pytest.approx(9.152, abs=0.002)
+
+
+def test_the_engines_running_batch_is_cached_at_the_start() -> None:
+    """The engine holds the KV of the turns it is running (the oldest in flight), not only of the contexts
+    used last: a pool of two contexts (313 blocks each), one turn in flight 9 s, two sessions between turns. Warmed least
+    recently active first alone, the turn in flight finds its context evicted; with the engine's running
+    batch (one request) warmed last, it finds it cached (312 full blocks of its 5000 tokens)."""
+
+    def cached(running: int) -> int:
+        inputs = _in_flight({"old": 9.0}, pool=626 * 16, running=running, idle={"x": 0.5, "y": 1.0})
+        return sum(run_forecast(inputs, BudgeterConfig(mode="off"), 1)["series"]["cached_tokens"])
+
+    assert (cached(0), cached(1)) == (0, 312 * 16)
