@@ -10,6 +10,9 @@ fronting it, over ``[T1, T2]``:
 - ``alerts``: alert episodes of those targets firing at any time in the window;
 - ``audit``: audit actions (sidecar and dashboard) in the window; ``decisions``: compaction decisions;
 - ``turns``: the turn trace;
+- ``sessions``: the sessions the sidecars saw in the window: ``session_id``, ``first_seen_ts``,
+  ``last_seen_ts`` and the ``output_budget`` its client declared (what ``simulator replay`` gives each
+  session, as the sidecar's budgeter counted it);
 - ``settings``: the settings in force: each sidecar's newest stored /state budgeter and compaction
   sections, and every budgeter change in the window (from the audit).
 
@@ -158,10 +161,30 @@ def bundle(
         "turns": queries.turns(conn, target_id=sidecar_ids, start_ts=start, end_ts=end)
         if sidecar_ids
         else [],
+        "sessions": _sessions(conn, sidecar_ids, start, end) if sidecar_ids else [],
         "settings": settings,
     }
     scrubbed: dict[str, Any] = scrub(doc)
     return scrubbed
+
+
+def _sessions(conn: Connection, sidecar_ids: list[int], start: float, end: float) -> list[dict[str, Any]]:
+    rows = queries.sessions(
+        conn, target_id=sidecar_ids, present_only=False, seen_between=(start, end), limit=1_000_000
+    )
+    return sorted(
+        (
+            {
+                "target": r["target_url"],
+                "session_id": r["session_id"],
+                "first_seen_ts": r["first_seen_ts"],
+                "last_seen_ts": r["last_seen_ts"],
+                "output_budget": (r["data"] if isinstance(r["data"], dict) else {}).get("output_budget"),
+            }
+            for r in rows
+        ),
+        key=lambda r: (r["first_seen_ts"], r["session_id"]),
+    )
 
 
 def write_bundle(doc: dict[str, Any], out: str | Path) -> Path:
@@ -231,6 +254,6 @@ def main(argv: list[str]) -> int:
         return 2
     print(
         f"wrote {path}: {len(doc['series'])} series, {len(doc['alerts'])} alerts, {len(doc['audit'])} audit "
-        f"actions, {len(doc['turns'])} turns"
+        f"actions, {len(doc['turns'])} turns, {len(doc['sessions'])} sessions"
     )
     return 0

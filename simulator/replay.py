@@ -8,16 +8,20 @@ Inputs come from the bundle only (never the simulator's own settings), through `
   estimated from its recorded latency signals (`simulator.forecast_cost.cost_from_latencies`), and the turn
   latency outside the engine's clock (`simulator.forecast.turn_overhead_basis`);
 - the sessions in the system at T: those with a recorded turn before T (within ``IDLE_S``) and one
-  after it, as admitted sessions with their context (prompt + completion of their last turn before T)
-  and the turns done;
+  after it, as admitted sessions with their context (prompt + completion of their last turn before T),
+  the turns done and the output budget their client declared (the bundle's ``sessions``);
 - the workload: turn sizes, tool gaps and arrivals of the 30 minutes of turns before T
-  (`simulator.forecast.shapes_from_turns`).
+  (`simulator.forecast.shapes_from_turns`), and the output budgets declared by the sessions seen in
+  those minutes, which new sessions draw from (a bundle without ``sessions``, written before they
+  were exported: the budgeter's default for every session).
 
 It then simulates from T to the bundle's end (or ``--minutes``) with the sidecar's budgeter in MODE
-(`simulator.forecast_run.run_forecast`), and judges the run like ``simulator run`` (`core.runs.judge_run`,
-the control starting at minute 0): the same summary fields (collapsed, recovered, minutes_to_recover,
-end_hit_ratio, degraded_at, end_turns_per_s, ...) plus the forecast's (r_t, parked, p95 latency), and
-what the bundle recorded after T (``recorded_r_t``) to compare with.
+(`simulator.forecast_run.run_forecast`), as many draws as the Budgeter page's preview of that length
+(`simulator.forecast_draws`: the median of each field, ``spread`` their range), and judges the median
+run like ``simulator run`` (`core.runs.judge_run`, the control starting at minute 0): the same summary
+fields (collapsed, recovered, minutes_to_recover, end_hit_ratio, degraded_at, end_turns_per_s, ...)
+plus the forecast's (r_t, parked, p95 latency, draws), and what the bundle recorded after T
+(``recorded_r_t``) to compare with.
 """
 
 from __future__ import annotations
@@ -33,29 +37,31 @@ from core.budgeter import CONTROLS, BudgeterConfig
 from core.runs import judge_run
 from simulator.config import EngineConfig, SimConfigError
 from simulator.forecast import (
+    WINDOW_S,
     ForecastError,
     ForecastInputs,
+    declared_budgets,
     shapes_from_turns,
     start_sessions,
     turn_overhead_basis,
 )
-from simulator.forecast_cost import cost_from_latencies
-from simulator.forecast_run import run_forecast
+from simulator.forecast_cost import as_int, cost_from_latencies
+from simulator.forecast_draws import draws_for, run_draws
 
 IDLE_S = 600.0  # the sidecar's default idle timeout: a session quiet longer than this had ended
 
 
 def _signal_rows(doc: Mapping[str, Any], role: str, until: float) -> list[dict[str, Any]]:
-    """Per-timestamp dicts of the ``role`` targets' signals at or before ``until`` (ranks summed or averaged
-    as they come: the last value per signal and time)."""
+    """Dicts of the ``role`` targets' signals at or before ``until``, one per time and engine label (as the
+    Budgeter page reads them: a multi-rank engine's ranks stay apart, and the estimates combine them)."""
     urls = {t["url"] for t in doc["targets"] if t["role"] == role}
-    by_ts: dict[float, dict[str, Any]] = {}
+    by_ts: dict[tuple[float, str], dict[str, Any]] = {}
     for s in doc["series"]:
         if s["target"] not in urls:
             continue
         for ts, value in zip(s["ts"], s["value"], strict=True):
             if ts <= until:
-                by_ts.setdefault(ts, {"ts": ts})[s["signal"]] = value
+                by_ts.setdefault((ts, s.get("engine") or ""), {"ts": ts})[s["signal"]] = value
     return [by_ts[t] for t in sorted(by_ts)]
 
 
@@ -77,15 +83,23 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
         if t["session_id"] is not None:
             last[t["session_id"]] = t
             count[t["session_id"]] = count.get(t["session_id"], 0) + 1
+    seen = doc.get("sessions") or []
+    budgets = {r["session_id"]: as_int(r.get("output_budget")) for r in seen}
     rows = [
         {
             "session_id": sid,
             "state": "admitted",
             "turns": count[sid],
             "context_tokens": (t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0),
+            "data": {"output_budget": budgets.get(sid, 0), "last_activity": t["ts"]},
         }
         for sid, t in last.items()
         if sid in after_ids and at - t["ts"] <= IDLE_S
+    ]
+    recent = [
+        {"data": r}
+        for r in seen
+        if r.get("first_seen_ts", at) <= at and r.get("last_seen_ts", at) >= at - WINDOW_S
     ]
     sessions = start_sessions(rows, at)
     shapes = shapes_from_turns(before, at, [r["session_id"] for r in rows])
@@ -104,6 +118,7 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
         sessions=sessions,
         shapes=shapes,
         output_budget=config.default_output_budget,
+        output_budgets=declared_budgets(recent),
         turn_overhead_s=overhead,
         turn_overhead_from=basis,
     )
@@ -117,7 +132,7 @@ def replay(
     config = BudgeterConfig(mode=control)
     minutes = (doc["to"] - at) / 60.0 if minutes is None else minutes
     inputs = replay_inputs(doc, at, config)
-    result = run_forecast(inputs, config, minutes, seed)
+    result = run_draws(inputs, config, minutes, seed, draws_for(minutes))
     s = result["series"]
     in_system = [1.0] * len(s["turns"])  # sessions are offered work throughout
     verdict = judge_run(
@@ -142,7 +157,7 @@ def replay(
         "turn_overhead_from": inputs.turn_overhead_from,
         "recorded_r_t": round(sum(t["cached_tokens"] for t in recorded) / prompt, 4) if prompt else None,
     }
-    return {"summary": summary, "series": s}
+    return {"summary": summary, "spread": result["spread"], "series": s}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -33,10 +33,11 @@ def sessions(
     target_id: TargetIds = None,
     present_only: bool = True,
     state: str | None = None,
+    seen_between: tuple[float, float] | None = None,
     limit: int = 5000,
 ) -> list[dict[str, Any]]:
     """Sessions the sidecars know (every column of ``sessions`` plus target_url, target_name),
-    largest context first."""
+    largest context first; ``seen_between`` (start, end): only those seen at some time in it."""
     stmt = select(
         *Session.__table__.columns, Target.url.label("target_url"), Target.name.label("target_name")
     ).join(Target, Target.id == Session.target_id)
@@ -47,6 +48,8 @@ def sessions(
         stmt = stmt.where(Session.present.is_(True))
     if state is not None:
         stmt = stmt.where(Session.state == state)
+    if seen_between is not None:
+        stmt = stmt.where(Session.last_seen_ts >= seen_between[0], Session.first_seen_ts <= seen_between[1])
     stmt = stmt.order_by(Session.context_tokens.desc().nulls_last(), Session.session_id).limit(limit)
     return run(conn, stmt)
 

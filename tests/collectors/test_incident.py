@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 
 from collectors.__main__ import main
 from collectors.incident import IncidentError, parse_time, read_bundle, scrub
 from db import make_engine
-from db.models import AuditEntry
+from db.models import AuditEntry, Session, Target
 from tests.dashboard.fill import COLLAPSE_AGO, filled_engine
 
 
@@ -38,6 +38,18 @@ def test_export_then_open_a_gzip_bundle(
                 action="webhook.add",
                 params={"url": "http://hook", "headers": {"X-Key": "s3cret-1"}, "api_token": "s3cret-2"},
                 data={},
+            )
+        )
+        side = conn.execute(select(Target.id).where(Target.name == "a-sidecar")).scalar_one()
+        conn.execute(  # a session that had left before the window
+            insert(Session).values(
+                target_id=side,
+                session_id="gone-before",
+                state="admitted",
+                present=False,
+                first_seen_ts=now - 7200,
+                last_seen_ts=now - 7000,
+                data={"output_budget": 64},
             )
         )
     engine.dispose()
@@ -75,6 +87,15 @@ def test_export_then_open_a_gzip_bundle(
     assert doc["turns"] and all(start <= t["ts"] < end for t in doc["turns"])
     assert all(t["prompt_tokens"] > 0 and "cached_tokens" in t for t in doc["turns"])  # counts are no secrets
     assert doc["decisions"] and doc["settings"]["sidecars"]
+    # the sessions engine a's sidecar saw in the window (fill: agent-i first seen at now - 3000 + 60 i),
+    # with the output budget each client declared; none of engine b's
+    first_seen = {s["session_id"]: s["first_seen_ts"] for s in doc["sessions"]}
+    assert (
+        len(first_seen) == sum(now - 3000 + 60 * i <= end for i in range(30))
+        and "gone-before" not in first_seen
+    )
+    assert all(ts <= end for ts in first_seen.values()) and not any(k.startswith("rag-") for k in first_seen)
+    assert {s["output_budget"] for s in doc["sessions"]} == {1024}
     text = gzip.decompress(raw).decode()
     assert "webhook.add" in text and "http://hook" in text and "s3cret" not in text
 

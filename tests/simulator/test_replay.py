@@ -13,6 +13,7 @@ from collectors.incident import read_bundle, write_bundle
 from core.budgeter import BudgeterConfig
 from core.runs import RunVerdict
 from simulator.__main__ import main as simulator_main
+from simulator.forecast_draws import draws_for
 from simulator.replay import replay, replay_inputs
 from tests.dashboard.fill import COLLAPSE_AGO, filled_engine
 
@@ -121,3 +122,33 @@ def test_replay_puts_in_the_latency_outside_the_engine_from_the_bundles_exact_me
     ]
     assert inputs.turn_overhead_from == "e2e_mean"
     assert inputs.turn_overhead_s == pytest.approx(max(0.0, sum(paired) / len(paired) - 0.25))
+
+
+def test_replay_gives_each_session_the_budget_its_client_declared_and_takes_the_previews_draws(
+    bundle: tuple[Path, float],
+) -> None:
+    path, now = bundle
+    at = now - COLLAPSE_AGO
+    doc = read_bundle(path)
+    # the bundle holds the sessions the sidecars saw, with their declared output budgets, and no secrets
+    assert doc["sessions"] and {s["output_budget"] for s in doc["sessions"]} == {1024}
+    assert set(doc["sessions"][0]) == {
+        "target",
+        "session_id",
+        "first_seen_ts",
+        "last_seen_ts",
+        "output_budget",
+    }
+    for s in doc["sessions"]:
+        s["output_budget"] = 150 + (s["session_id"] == "agent-010") * 50
+    inputs = replay_inputs(doc, at, BudgeterConfig(mode="budgeter-park"))
+    declared = {s.id: s.output_budget for s in inputs.sessions}
+    assert declared and set(declared.values()) <= {150, 200}
+    assert set(inputs.output_budgets) == {150, 200} and inputs.output_budget == 1024  # the default, for none
+    # a bundle written before sessions were exported: the default for every session
+    old = {k: v for k, v in doc.items() if k != "sessions"}
+    assert replay_inputs(old, at, BudgeterConfig(mode="budgeter-park")).output_budgets == ()
+    result = replay(doc, "budgeter-park", at, minutes=10)
+    assert result["summary"]["draws"] == draws_for(10) == 5
+    low, high = result["spread"]["r_t"]
+    assert low <= result["summary"]["r_t"] <= high
