@@ -30,7 +30,7 @@ from dashboard.settings import Settings
 from dashboard.ui import escape_md
 from db.queries.turns import engine_block_size
 from db.queries.turns import turns as stored_turns
-from simulator.forecast import WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
+from simulator.forecast import OVERHEAD_TURNS, WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
 from simulator.forecast_cost import COST_WINDOW_S
 from simulator.forecast_draws import draws_for, run_draws
 
@@ -55,8 +55,8 @@ LATENCY_SIGNALS = (  # what `simulator.forecast_cost.cost_from_latencies` and `t
 # and a gauge of every scrape (each sample's time bounds an interval, whether or not a request finished)
 OVERHEAD_SIGNALS = ("e2e_mean", "e2e_p50", "kv_usage")
 OVERHEAD_BASIS = {  # the caption's words for `ForecastInputs.turn_overhead_from`
-    "e2e_mean": "against its exact mean latency",
-    "e2e_p50": "against its median latency, inside histogram buckets: coarse",
+    "e2e_mean": f"against its exact mean latency, over the newest {OVERHEAD_TURNS} turns",
+    "e2e_p50": f"against its median latency, inside histogram buckets: coarse; the newest {OVERHEAD_TURNS} turns",
     "none": "no engine latency to compare with",
 }
 COST_POINTS = 4000
@@ -88,6 +88,7 @@ class Job:
     finished: float | None = None
 
     def start(self) -> Job:
+        self.started = time.time()
         threading.Thread(target=self._run, name="forecast", daemon=True).start()
         return self
 
@@ -205,7 +206,10 @@ def start(
     proposed: BudgeterConfig,
     minutes: float,
     now: float,
+    begin: bool = True,
 ) -> tuple[Job | None, str]:
+    """The forecast job of ``current`` against ``proposed`` from the collectors' record as of ``now``: its
+    inputs read at once, its draws run in the background from here (``begin``) or from ``Job.start``."""
     url = settings.database_url
     fit, note = fit_of(settings.fit_path, ref.engine_url)
     try:
@@ -226,7 +230,8 @@ def start(
         )
     except (ForecastError, data.DatabaseUnavailable) as exc:
         return None, str(exc)
-    return Job(inputs, (current, proposed), minutes, draws=draws_for(minutes)).start(), note
+    job = Job(inputs, (current, proposed), minutes, draws=draws_for(minutes))
+    return (job.start() if begin else job), note
 
 
 def _fmt(value: Any) -> str:

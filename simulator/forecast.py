@@ -13,7 +13,12 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   order, oldest first, as the engine's queue has them, and keeps the contexts
   used last in its cache, with those of its running batch, ``engine_running``:
   the engine's ``requests_running`` at its newest sample, the oldest turns in
-  flight) and the output budget its client declared
+  flight), how long ago the sidecar admitted it first and it arrived
+  (``admitted_for_s``, ``arrived_for_s``, from ``admitted_at`` and
+  ``arrived_at``: the budgeter parks the most recently admitted first and
+  admits the waiting in order of arrival, so the forecast's budgeter must
+  know them; without them every session was admitted "now" and the park set
+  followed the session ids) and the output budget its client declared
   (``output_budget``, the sidecar's record; ``declared_budgets``: those of
   every session row, which new sessions draw from).
 * ``shapes_from_turns``: the workload recorded over the last ``window_s``
@@ -49,7 +54,12 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
   account for: HTTP and tokenisation, or an engine process that falls behind
   its work. Each engine interval of the workload window (after the
   interval's previous sample, up to its ``ts``) is paired with the turns
-  recorded finishing in it. Where intervals carry ``e2e_mean`` (the engine's
+  recorded finishing in it; the newest intervals are taken, back until they
+  hold ``OVERHEAD_TURNS`` turns (or the window ends): the overhead grows with
+  the load on the sidecar and its clients, and the forecast starts from now.
+  (On the validation's collapse it rose from 0.012-0.015 s over the whole 10
+  minutes to 0.021-0.023 s over the last minute, 0.023-0.026 s measured
+  exactly there; docs/dashboard.md, "Validation", "Session 10".) Where intervals carry ``e2e_mean`` (the engine's
   exact mean arrival-to-finish latency, from its histogram's sum and count; a
   multi-rank engine's labels averaged), the overhead is the turns' mean ``latency_s`` minus the engine's mean, the
   engine's side weighted by the turns of each interval::
@@ -99,6 +109,7 @@ from simulator.forecast_cost import (
 
 WINDOW_S = 1800.0  # "what was recorded over the last 30 minutes"
 START_STATES = ("admitted", "parked", "waiting")
+OVERHEAD_TURNS = 500  # the turns ``turn_overhead`` is taken over, newest first (module doc)
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,10 @@ class StartSession:
     in_flight: bool = False  # an admitted session with a turn already forwarded to the engine
     output_budget: int = 0  # what its client declared (max_tokens, as the sidecar bounded it); 0: unknown
     since_activity_s: float = 0.0  # since its turn in flight was forwarded, or its last turn finished
+    # since the sidecar first admitted it (None: never admitted), and since it arrived: the budgeter parks
+    # the most recently admitted first and admits the waiting in order of arrival
+    admitted_for_s: float | None = None
+    arrived_for_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
         doc = r.get("data") if isinstance(r.get("data"), dict) else {}
         since = as_num(doc.get("parked_since")) if r["state"] == "parked" else None
         active = as_num(doc.get("last_activity"))
+        admitted, arrived = as_num(doc.get("admitted_at")), as_num(doc.get("arrived_at"))
         out.append(
             StartSession(
                 id=str(r["session_id"]),
@@ -167,6 +183,8 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
                 pinned=bool(r.get("pinned")),
                 output_budget=as_int(doc.get("output_budget")),
                 since_activity_s=max(0.0, now - active) if active is not None else 0.0,
+                admitted_for_s=max(0.0, now - admitted) if admitted is not None else None,
+                arrived_for_s=max(0.0, now - arrived) if arrived is not None else 0.0,
             )
         )
     return tuple(sorted(out, key=lambda s: s.id))
@@ -289,12 +307,15 @@ def turn_overhead_basis(
     times = sorted(means)
     excess = paired = 0.0
     deltas = []
-    for prev, ts in zip(times, times[1:], strict=False):
-        if ts < now - window_s:
-            continue
+    seen = 0
+    # newest first, until OVERHEAD_TURNS turns: the overhead as it is now (it grows with the load)
+    for prev, ts in reversed(list(zip(times, times[1:], strict=False))):
+        if ts < now - window_s or seen >= OVERHEAD_TURNS:
+            break
         lats = [lat for _, lat in done[bisect.bisect_right(stamps, prev) : bisect.bisect_right(stamps, ts)]]
         if not lats:
             continue
+        seen += len(lats)
         if not math.isnan(means[ts]):
             excess += sum(lats) - len(lats) * means[ts]
             paired += len(lats)

@@ -8,13 +8,24 @@ only). The run:
 * *warm-up* (before t = 0, not counted): the admitted sessions' contexts are
   prefilled once, least recently active first (``since_activity_s``), and
   last the engine's running batch (the ``engine_running`` turns in flight
-  longest, which the engine is serving and holds the KV of), so the cache holds
-  what the engine holds, as far as the pool allows; parked and waiting
-  sessions start uncached. (Without the running batch, the preview of a
-  collapsed engine's recovery started by prefilling again what the engine
-  had: it parked 90 sessions in its first 20 s where the live sidecar parked
-  138; docs/dashboard.md, "Validation");
-* *sessions as of now*: the budgeter starts with them in their states; an
+  longest, which the engine is serving and holds the KV of: their whole
+  prompts, youngest first and the oldest last, so a pool too small for the
+  batch keeps the turns the engine took first), so the cache holds what the
+  engine holds, as far as the pool allows; parked and waiting sessions start
+  uncached. (Without the running batch, the preview of a collapsed engine's
+  recovery started by prefilling again what the engine had: it parked 90
+  sessions in its first 20 s where the live sidecar parked 138;
+  docs/dashboard.md, "Validation");
+* *the running batch is part way through its answers*: the j-th oldest of
+  its K turns has ``(j + 0.5) / K`` of its answer still to come at t = 0 (an
+  engine's batch holds its turns at every stage; the oldest entered first),
+  and counts its whole answer when it finishes. (Started all from their
+  first token, the batch finished together, seconds late: on the validation
+  the preview had no turn finished in its first 4 s where the live engine
+  finished 24; docs/dashboard.md, "Session 10");
+* *sessions as of now*: the budgeter starts with them in their states, their
+  admission and arrival times (so it parks the most recently admitted first,
+  as the sidecar's does); an
   admitted one with a turn in flight has it in the engine at t = 0 (it was
   forwarded under the current config: no control holds it; a collapsed
   engine's backlog is there to drain), in the order they were forwarded
@@ -61,7 +72,7 @@ from typing import Any
 from core.budgeter import Budgeter, BudgeterConfig
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
-from simulator.forecast import ForecastInputs
+from simulator.forecast import ForecastInputs, StartSession
 from simulator.loop import EventLoop
 
 Progress = Callable[[float], None]
@@ -77,6 +88,7 @@ class _Sess:
     gated_at: float = 0.0
     forwarded_at: float = 0.0
     held: int | None = None  # prompt of a held turn
+    answered: int = 0  # tokens of the turn in flight's answer the engine had produced before t = 0
     budget: int = 0  # the output budget its client declares to the budgeter
 
 
@@ -116,6 +128,41 @@ def _total_turns(rng: random.Random, totals: tuple[int, ...], done: int) -> int:
     return rng.choice(above) - done if above else 1
 
 
+def _admitted_at(s: StartSession, t0: float) -> float | None:
+    """When the sidecar first admitted ``s``, on the run's clock; an admitted one of unknown age: ``t0``."""
+    if s.admitted_for_s is not None:
+        return t0 - s.admitted_for_s
+    return t0 if s.state == "admitted" else None
+
+
+def start_budgeter(inputs: ForecastInputs, config: BudgeterConfig, t0: float) -> Budgeter:
+    """The sidecar's budgeter as of ``t0``: the sessions in their states, admitted and arrived when the
+    sidecar's were, with their contexts and budgets; in mode ``off`` (the turns in flight were forwarded
+    under the current config; ``run_forecast`` sets ``config`` once they are in its engine)."""
+    return Budgeter.from_dict(
+        {
+            "config": config.replace(mode="off").to_dict(),
+            "pool_tokens": inputs.engine.kv_cache_size_tokens,
+            "sessions": [
+                {
+                    "id": s.id,
+                    "state": s.state,
+                    "arrived_at": t0 - s.arrived_for_s,
+                    "admitted_at": _admitted_at(s, t0),
+                    "context_tokens": s.context_tokens,
+                    "output_budget": s.output_budget or inputs.output_budget,  # as the sidecar counts it
+                    "turns": s.turns_done,
+                    "manual": s.manual,
+                    "pinned": s.pinned,
+                    "parked_since": t0 - s.parked_for_s if s.state == "parked" else None,
+                    "last_activity": t0,
+                }
+                for s in inputs.sessions
+            ],
+        }
+    )
+
+
 def run_forecast(
     inputs: ForecastInputs,
     config: BudgeterConfig,
@@ -130,17 +177,35 @@ def run_forecast(
     horizon = minutes * 60.0
     n_sec = max(1, int(math.ceil(horizon)))
 
-    # warm-up: the admitted sessions' contexts, prefilled once
     oldest_first = sorted(inputs.sessions, key=lambda s: (-s.since_activity_s, s.id))
-    running = {s.id for s in [s for s in oldest_first if s.in_flight][: inputs.engine_running]}
+    contents = {s.id: _content(sh.shared_prefix, s.id) for s in inputs.sessions}
+    sessions: dict[str, _Sess] = {}
+    in_flight: dict[str, int] = {}  # the prompt of each turn in flight, in the order it was forwarded
+    for s in oldest_first:
+        rng = random.Random(f"{seed}-now-{s.id}")
+        sess = _Sess(
+            s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done)
+        )
+        sess.budget = s.output_budget or inputs.output_budget
+        sessions[s.id] = sess
+        if s.in_flight:
+            in_flight[s.id] = max(1, sess.context + rng.choice(sh.extras))
+    # the engine's running batch: the turns in flight longest, oldest first, each answer that far along
+    running = {sid: j for j, sid in enumerate(list(in_flight)[: inputs.engine_running])}
+    batch = len(running)
+
+    # warm-up: the admitted sessions' contexts prefilled once (the running batch: its whole prompts)
     warm = [
         s
-        for s in sorted(oldest_first, key=lambda s: s.id in running)  # stable: the running batch last
+        # the running batch last, its oldest last of all: a pool too small for the whole batch keeps the
+        # turns the engine took first (decoding, where its youngest may still be prefilling)
+        for s in sorted(oldest_first, key=lambda s: (s.id in running, -running.get(s.id, 0)))
         if s.state == "admitted" and s.context_tokens > 0
     ]
-    contents = {s.id: _content(sh.shared_prefix, s.id) for s in inputs.sessions}
     for s in warm:
-        tokens = min(s.context_tokens, pool_tokens - inputs.engine.block_size)
+        tokens = min(
+            in_flight[s.id] if s.id in running else s.context_tokens, pool_tokens - inputs.engine.block_size
+        )
         engine.add_request(
             Request(
                 id=f"warm-{s.id}",
@@ -156,35 +221,16 @@ def run_forecast(
     t0 = engine.now
     end = t0 + horizon
 
-    budgeter = Budgeter.from_dict(
-        {
-            "config": config.replace(mode="off").to_dict(),  # the turns in flight were forwarded already
-            "pool_tokens": pool_tokens,
-            "sessions": [
-                {
-                    "id": s.id,
-                    "state": s.state,
-                    "arrived_at": t0,
-                    "admitted_at": t0 if s.state == "admitted" else None,
-                    "context_tokens": s.context_tokens,
-                    "output_budget": s.output_budget or inputs.output_budget,  # as the sidecar counts it
-                    "turns": s.turns_done,
-                    "manual": s.manual,
-                    "pinned": s.pinned,
-                    "parked_since": t0 - s.parked_for_s if s.state == "parked" else None,
-                    "last_activity": t0,
-                }
-                for s in inputs.sessions
-            ],
-        }
-    )
+    budgeter = start_budgeter(inputs, config, t0)
     acc = _Acc(n_sec)
-    sessions: dict[str, _Sess] = {}
     parked: list[int] = []
     waiting: list[int] = []
 
     def forward(sess: _Sess, now: float, prompt: int) -> None:
         out = sess.rng.choice(sh.outputs) or 1
+        if sess.id in running:  # the j-th oldest of K running: (j + 0.5) / K of its answer still to come
+            left = max(1, min(out, round(out * (running.pop(sess.id) + 0.5) / batch)))
+            sess.answered, out = out - left, left
         sess.forwarded_at = now
         engine.add_request(
             Request(
@@ -225,8 +271,9 @@ def run_forecast(
                 min(req.cached_tokens or 0, req.prompt_tokens),
                 now - sess.gated_at,
             )
-        budgeter.turn_finished(sess.id, now, req.prompt_tokens, req.output, latency_s=now - sess.forwarded_at)
-        sess.context = req.prompt_tokens + req.output
+        output, sess.answered = req.output + sess.answered, 0
+        budgeter.turn_finished(sess.id, now, req.prompt_tokens, output, latency_s=now - sess.forwarded_at)
+        sess.context = req.prompt_tokens + output
         sess.left -= 1
         if sess.left <= 0 or now > end:  # nothing after the horizon is counted: no next turn
             budgeter.end_session(sess.id, now)
@@ -273,14 +320,9 @@ def run_forecast(
 
     loop = EventLoop(engine, on_finish)
     for s in oldest_first:  # turns in flight reach the engine in the order they were forwarded
-        rng = random.Random(f"{seed}-now-{s.id}")
-        sess = _Sess(
-            s.id, contents[s.id], rng, s.context_tokens, _total_turns(rng, sh.session_turns, s.turns_done)
-        )
-        sess.budget = s.output_budget or inputs.output_budget
-        sessions[s.id] = sess
-        if s.in_flight:
-            prompt = max(1, sess.context + rng.choice(sh.extras))
+        sess = sessions[s.id]
+        if s.id in in_flight:
+            prompt = in_flight[s.id]
             budgeter.request_turn(s.id, t0, prompt, sess.budget)  # mode off: forwarded
             sess.gated_at = t0 - s.since_activity_s  # its latency counts from when it was forwarded
             loop.push(t0, lambda now, x: forward(x[0], now, x[1]), (sess, prompt))

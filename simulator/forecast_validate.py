@@ -11,7 +11,11 @@ For each seed, on loopback ports of its own:
    ``--fit-engine``; as on the page, the median of ``simulator.forecast_draws.draws_for`` draws, their
    range reported as ``preview_range``)
    for ``--after`` minutes, and at once applies ``budgeter-park`` for real through the sidecar's
-   authenticated control API (``PUT /control/budgeter``, recorded in its audit log);
+   authenticated control API (``PUT /control/budgeter``, recorded in its audit log). The preview's
+   inputs are read from the database at that moment; its draws run once the live minutes are over
+   (``Job.start``): the same answer, computed from the same inputs and seed, but not on the two cores
+   the live engine, sidecar, collectors and load share during them (on the page the dashboard's
+   process computes it, on a host of its own in a deployment);
 4. after ``--after`` wall minutes compares the preview with what happened: R_t of the turns that
    finished in those minutes (the sidecar's turn trace, ``GET /turns``) against the preview's
    ``r_t``, and the sidecar's parked sessions at the end (``GET /state``) against the preview's
@@ -154,7 +158,8 @@ def _parked(sidecar: str) -> int:
 
 
 def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, Any]]:
-    """The Budgeter page's forecast job for ``budgeter-park``, started from the collectors' database."""
+    """The Budgeter page's forecast job for ``budgeter-park`` from the collectors' database, its inputs read
+    now and its draws not yet run (``Job.start``, once the live minutes are over: module doc)."""
     from dashboard import data, forecast_view
     from dashboard import preview as pv
     from dashboard.settings import Settings
@@ -175,6 +180,7 @@ def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, A
         proposed,
         minutes,
         time.time(),
+        begin=False,
     )
     if job is None:
         raise RuntimeError(f"no forecast: {note}")
@@ -293,10 +299,13 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             ),
             "after": latency_outside(turns_between(sidecar, token, switched, ended), at_switch, at_end),
         }
-        for j in (job, plain):
-            while j is not None and j.finished is None:
+        for j in (job, plain):  # one at a time: each one's forecast_wall_s is its own
+            if j is None:
+                continue
+            j.start()
+            while j.finished is None:
                 time.sleep(0.5)
-            if j is not None and j.error:
+            if j.error:
                 raise RuntimeError(f"the forecast failed: {j.error}")
         cur, prop = (r["summary"] for r in job.results)
         _keep(data_dir, job, parked_seen)

@@ -9,7 +9,9 @@ Inputs come from the bundle only (never the simulator's own settings), through `
   latency outside the engine's clock (`simulator.forecast.turn_overhead_basis`);
 - the sessions in the system at T: those with a recorded turn before T (within ``IDLE_S``) and one
   after it, as admitted sessions with their context (prompt + completion of their last turn before T),
-  the turns done and the output budget their client declared (the bundle's ``sessions``);
+  the turns done, the output budget their client declared (the bundle's ``sessions``) and when they
+  arrived (first seen, or their first recorded turn's arrival: admitted then, so the budgeter parks the
+  newest first as the sidecar's does);
 - the workload: turn sizes, tool gaps and arrivals of the 30 minutes of turns before T
   (`simulator.forecast.shapes_from_turns`), and the output budgets declared by the sessions seen in
   those minutes, which new sessions draw from (a bundle without ``sessions``, written before they
@@ -45,7 +47,7 @@ from simulator.forecast import (
     start_sessions,
     turn_overhead_basis,
 )
-from simulator.forecast_cost import as_int, cost_from_latencies
+from simulator.forecast_cost import as_int, as_num, cost_from_latencies
 from simulator.forecast_draws import draws_for, run_draws
 
 IDLE_S = 600.0  # the sidecar's default idle timeout: a session quiet longer than this had ended
@@ -79,19 +81,30 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
     after_ids = {t["session_id"] for t in turns if t["ts"] > at}
     last: dict[str, dict[str, Any]] = {}
     count: dict[str, int] = {}
+    began: dict[str, float] = {}  # its first recorded turn's arrival at the sidecar
     for t in before:
         if t["session_id"] is not None:
             last[t["session_id"]] = t
             count[t["session_id"]] = count.get(t["session_id"], 0) + 1
+            arrival = t["ts"] - (as_num(t.get("latency_s")) or 0.0) - (as_num(t.get("held_s")) or 0.0)
+            began.setdefault(t["session_id"], arrival)
     seen = doc.get("sessions") or []
     budgets = {r["session_id"]: as_int(r.get("output_budget")) for r in seen}
+    first_seen = {r["session_id"]: as_num(r.get("first_seen_ts")) for r in seen}
     rows = [
         {
             "session_id": sid,
             "state": "admitted",
             "turns": count[sid],
             "context_tokens": (t["prompt_tokens"] or 0) + (t["completion_tokens"] or 0),
-            "data": {"output_budget": budgets.get(sid, 0), "last_activity": t["ts"]},
+            "data": {
+                "output_budget": budgets.get(sid, 0),
+                "last_activity": t["ts"],
+                # admitted when it arrived (the replay starts from what the engine served): the
+                # budgeter parks the most recently admitted first
+                "arrived_at": (arrived := min(began[sid], first_seen.get(sid) or began[sid])),
+                "admitted_at": arrived,
+            },
         }
         for sid, t in last.items()
         if sid in after_ids and at - t["ts"] <= IDLE_S

@@ -185,14 +185,14 @@ def test_the_forecast_caption_says_what_the_forecast_ran_on() -> None:
         "30 minutes from 0 sessions as of now, the median of 3 draws of new sessions and turns (their range "
         "in brackets); new sessions at 30.00/min and turn shapes from 321 recorded "
         "turns; pool 400000 tokens in blocks of 16; 0.25 s of each turn's recorded latency outside the "
-        "engine's own (against its exact mean latency); cost model from fit+latencies (fit file f.json; "
+        "engine's own (against its exact mean latency, over the newest 500 turns); cost model from fit+latencies (fit file f.json; "
         "step_overhead_s, decode_per_ctx_token_s from the recorded latencies); ran in 1.5 s."
     )
     bare = dataclasses.replace(
         inputs, cost_source="latencies", cost_estimated=(), turn_overhead_from="e2e_p50"
     )
     text = caption(dataclasses.replace(job, inputs=bare), "no fit file (PREFIXOPS_FIT unset)")
-    assert "(against its median latency, inside histogram buckets: coarse)" in text
+    assert "(against its median latency, inside histogram buckets: coarse; the newest 500 turns)" in text
     assert text.endswith(f"(no fit file (PREFIXOPS_FIT unset)); {NO_FIT_WARNING}; ran in 1.5 s.")
     assert "now, one draw of new sessions and turns; new" in caption(dataclasses.replace(job, draws=1), "")
 

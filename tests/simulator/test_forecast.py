@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from core.attribution import DEFAULT_BLOCK_SIZE
@@ -20,7 +22,7 @@ from simulator.forecast import (
     turn_overhead_basis,
 )
 from simulator.forecast_cost import STEP_TERMS, cost_from_fit, cost_from_latencies, cost_with_fit, decode_step
-from simulator.forecast_run import run_forecast
+from simulator.forecast_run import run_forecast, start_budgeter
 
 NOW = 10_000.0
 
@@ -536,6 +538,30 @@ def test_turn_overhead_from_exact_means_weighs_the_engines_side_by_the_turns_of_
     assert turn_overhead([dict(r, latency_s=1.0) for r in rows[3:6]], samples, now=140.0) == 0.0  # at least 0
 
 
+def test_turn_overhead_is_taken_over_the_newest_intervals_holding_enough_turns(monkeypatch) -> None:
+    """The overhead grows with the load: the newest intervals, back until they hold OVERHEAD_TURNS turns."""
+    import simulator.forecast as forecast
+
+    samples = [{"ts": t, "e2e_mean": 2.0} for t in (100.0, 110.0, 120.0, 130.0)]
+    rows = [
+        turn(1, 105.0, "a", 1, 0, 1, latency=2.0),  # (100, 110]: none
+        turn(2, 106.0, "b", 1, 0, 1, latency=2.0),
+        turn(3, 115.0, "a", 1, 0, 1, latency=2.1),  # (110, 120]: 0.1 each
+        turn(4, 116.0, "b", 1, 0, 1, latency=2.1),
+        turn(5, 125.0, "a", 1, 0, 1, latency=2.4),  # (120, 130]: 0.4 each, the newest
+        turn(6, 126.0, "b", 1, 0, 1, latency=2.4),
+    ]
+    monkeypatch.setattr(forecast, "OVERHEAD_TURNS", 2)
+    assert turn_overhead(rows, samples, now=130.0) == pytest.approx(0.4)  # the newest interval holds 2
+    monkeypatch.setattr(forecast, "OVERHEAD_TURNS", 3)
+    assert turn_overhead(rows, samples, now=130.0) == pytest.approx(0.25)  # and the one before it
+    monkeypatch.setattr(forecast, "OVERHEAD_TURNS", 500)
+    assert turn_overhead(rows, samples, now=130.0) == pytest.approx(0.5 / 3)  # all three
+    assert turn_overhead(rows, samples, now=130.0, window_s=5.0) == pytest.approx(
+        0.4
+    )  # intervals ending in it
+
+
 def test_a_turn_overhead_delays_each_answer_and_the_sessions_next_turn() -> None:
     def run(overhead: float) -> dict:
         inputs = ForecastInputs(
@@ -673,6 +699,62 @@ def test_the_last_activity_and_the_engines_running_batch_come_from_the_collector
     assert engine_running(samples[:1], NOW) == 40 and engine_running([], NOW) == 0
 
 
+def test_the_forecasts_budgeter_parks_the_most_recently_admitted_and_admits_the_first_arrived() -> None:
+    """The sidecar's order, from its ``admitted_at`` and ``arrived_at``: without them every session was
+    admitted "now" and the park set followed the session ids (on the validation's recovery the parked
+    backlog then drained in the wrong order, its draws spread over 8-10 sessions at +5 minutes)."""
+    rows = [
+        {
+            "session_id": sid,
+            "state": state,
+            "context_tokens": 5000 if state == "admitted" else 0,
+            "turns": 1,
+            "data": {"admitted_at": admitted, "arrived_at": arrived},
+        }
+        for sid, state, admitted, arrived in (
+            ("a", "admitted", NOW - 10.0, NOW - 10.0),  # the newest admitted: first in the park set
+            ("z", "admitted", NOW - 100.0, NOW - 120.0),
+            ("m", "waiting", None, NOW - 5.0),
+            ("n", "waiting", None, NOW - 50.0),  # arrived first: first to be admitted
+        )
+    ]
+    sessions = start_sessions(rows, NOW)
+    assert [(s.id, s.admitted_for_s, s.arrived_for_s) for s in sessions] == [
+        ("a", 10.0, 10.0),
+        ("m", None, 5.0),
+        ("n", None, 50.0),
+        ("z", 100.0, 120.0),
+    ]
+    inputs = ForecastInputs(
+        engine=EngineConfig(pool_tokens=9000),
+        cost=CostModel(0.01, 1e-5, 0.0, 1e-8, 0.0),
+        cost_source="fit",
+        sessions=sessions,
+        shapes=Shapes(0.0, (), (100,), (10,), (1.0,), (9,), 0, 10),
+        output_budget=10,
+    )
+    budgeter = start_budgeter(inputs, BudgeterConfig(mode="budgeter-park"), 500.0)
+    assert budgeter.config.mode == "off"  # the turns in flight were forwarded under the current config
+    budgeter.set_config(BudgeterConfig(mode="budgeter-park"))
+    # 2 x 5010 tokens of demand above the high band (0.9 x 9000): one is parked, the one admitted last
+    assert budgeter.park_set() == ["a"]
+    assert budgeter.session("z").admitted_at == 400.0 and budgeter.session("n").arrived_at == 450.0
+    assert budgeter.request_turn("a", 500.0, 5100, 10) == "hold"
+    # the queue: the parked first, then the waiting by arrival, n before m
+    assert [s.id for s in budgeter._queue()] == ["a", "n", "m"]
+    budgeter.end_session("z", 501.0)
+    assert budgeter.release(501.0) == ["a"]  # its held turn goes to the engine
+    # an admitted session of unknown age counts as admitted now; a waiting one is not admitted
+    bare = start_sessions([{"session_id": "b", "state": "admitted", "context_tokens": 1, "turns": 1}], NOW)
+    assert (bare[0].admitted_for_s, bare[0].arrived_for_s) == (None, 0.0)
+    assert (
+        start_budgeter(dataclasses.replace(inputs, sessions=bare), BudgeterConfig(), 7.0)
+        .session("b")
+        .admitted_at
+        == 7.0
+    )
+
+
 def _in_flight(ages: dict[str, float], pool: int, running: int = 0, idle: dict[str, float] | None = None):
     """Sessions of 5000 tokens with their last turn in flight (``ages``: seconds since it was forwarded)
     and, ``idle``, between turns (seconds since their last turn); a turn: 100 new tokens, 10 answered."""
@@ -715,10 +797,48 @@ def test_the_engines_running_batch_is_cached_at_the_start() -> None:
     """The engine holds the KV of the turns it is running (the oldest in flight), not only of the contexts
     used last: a pool of two contexts (313 blocks each), one turn in flight 9 s, two sessions between turns. Warmed least
     recently active first alone, the turn in flight finds its context evicted; with the engine's running
-    batch (one request) warmed last, it finds it cached (312 full blocks of its 5000 tokens)."""
+    batch (one request) warmed last, it finds its whole prompt cached, which the engine had prefilled
+    before decoding (318 full blocks of its 5100 tokens)."""
 
     def cached(running: int) -> int:
         inputs = _in_flight({"old": 9.0}, pool=626 * 16, running=running, idle={"x": 0.5, "y": 1.0})
         return sum(run_forecast(inputs, BudgeterConfig(mode="off"), 1)["series"]["cached_tokens"])
 
-    assert (cached(0), cached(1)) == (0, 312 * 16)
+    assert (cached(0), cached(1)) == (0, 318 * 16)
+
+
+def test_the_running_batch_is_part_way_through_its_answers_and_its_oldest_stay_cached(monkeypatch) -> None:
+    """An engine's running batch is at every stage of its answers, the oldest furthest along: a batch of
+    K turns starts with (j + 0.5) / K of the j-th oldest one's answer to come, and each finished turn still
+    counts its whole answer. Started all from their first token, the batch finished together, seconds late
+    (the validation's preview had no turn finished in its first 4 s where the live engine had 24). A pool
+    too small for the batch keeps its oldest turns, which the engine took first."""
+    done: list[tuple[str, float, int]] = []
+    real = Budgeter.turn_finished
+    monkeypatch.setattr(
+        Budgeter,
+        "turn_finished",
+        lambda self, sid, now, prompt, completion, **k: (
+            done.append((sid, now, completion)),
+            real(self, sid, now, prompt, completion, **k),
+        )[1],
+    )
+
+    def run(pool: int, running: int) -> dict:
+        done.clear()
+        inputs = _in_flight({"a": 1.0, "b": 9.0, "c": 5.0}, pool=pool, running=running)
+        return run_forecast(inputs, BudgeterConfig(mode="off"), 1)
+
+    result = run(20_000, 3)
+    # b, c, a: 2, 5 and 8 of their 10 tokens to come (10 x 0.5/3, 1.5/3, 2.5/3); whole answers counted
+    assert [(sid, completion) for sid, _, completion in done] == [("b", 10), ("c", 10), ("a", 10)]
+    t0 = result["summary"]["warmup_s"]
+    times = [now - t0 for _, now, _ in done]
+    step = 0.01 + 1e-8 * 3 * 5100  # three running requests of 5100 tokens
+    assert times[0] < 3 * step and times[1] < 6 * step and times[2] < 9 * step  # 10 steps each, before
+    # the whole prompts cached (318 full blocks each of 5100 tokens): nothing but the tail prefilled
+    assert sum(result["series"]["cached_tokens"]) == 3 * 318 * 16
+    # a pool of 640 blocks holds two of the three prompts (319 blocks each): the oldest two, b and c
+    result = run(640 * 16, 3)
+    assert sum(result["series"]["cached_tokens"]) == 2 * 318 * 16
+    assert [sid for sid, _, _ in done][:2] == ["b", "c"]

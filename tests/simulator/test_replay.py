@@ -145,6 +145,17 @@ def test_replay_gives_each_session_the_budget_its_client_declared_and_takes_the_
     declared = {s.id: s.output_budget for s in inputs.sessions}
     assert declared and set(declared.values()) <= {150, 200}
     assert set(inputs.output_budgets) == {150, 200} and inputs.output_budget == 1024  # the default, for none
+    # each admitted when it was first seen, or its first recorded turn arrived (the budgeter parks the
+    # most recently admitted first), whichever is earlier
+    first_turn = {}
+    for t in sorted(doc["turns"], key=lambda t: t["ts"]):
+        if t["outcome"] == "ok" and t["ts"] <= at:
+            first_turn.setdefault(t["session_id"], t["ts"] - t["latency_s"] - (t["held_s"] or 0.0))
+    seen = {r["session_id"]: r["first_seen_ts"] for r in doc["sessions"]}
+    for s in inputs.sessions:
+        began = min(first_turn[s.id], seen.get(s.id) or first_turn[s.id])
+        assert s.admitted_for_s == pytest.approx(at - began) and s.arrived_for_s == s.admitted_for_s
+    assert len({round(s.admitted_for_s or 0, 3) for s in inputs.sessions}) > 1
     # a bundle written before sessions were exported: the default for every session
     old = {k: v for k, v in doc.items() if k != "sessions"}
     assert replay_inputs(old, at, BudgeterConfig(mode="budgeter-park")).output_budgets == ()
