@@ -87,7 +87,7 @@ def replay_inputs(doc: Mapping[str, Any], at: float, config: BudgeterConfig) -> 
             last[t["session_id"]] = t
             count[t["session_id"]] = count.get(t["session_id"], 0) + 1
             arrival = t["ts"] - (as_num(t.get("latency_s")) or 0.0) - (as_num(t.get("held_s")) or 0.0)
-            began.setdefault(t["session_id"], arrival)
+            began[t["session_id"]] = min(arrival, began.get(t["session_id"], arrival))
     seen = doc.get("sessions") or []
     budgets = {r["session_id"]: as_int(r.get("output_budget")) for r in seen}
     first_seen = {r["session_id"]: as_num(r.get("first_seen_ts")) for r in seen}
