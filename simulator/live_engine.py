@@ -1,8 +1,13 @@
 """The simulated engine stepped in scaled real time inside the event loop (`LiveEngine`).
 
 Simulated time = (wall time since start) x ``speed``. Requests submitted between steps arrive
-at the current simulated time; the loop runs the ``Engine`` up to it, wakes the requests waiting
-on a tick, and sleeps until the engine's next event is due or a request arrives. When the engine
+at the current simulated time; the loop runs the ``Engine`` up to it, wakes the waiters whose
+request has something new due (`LiveEngine.wait_change`: its first token, its finish, an abort), and
+sleeps until the engine's next event is due or a request arrives. Only those waiters wake: a streamed
+answer is otherwise sent every ``STREAM_INTERVAL_S`` wall seconds, whatever came in between in one
+chunk. (It had woken every waiter on every step: at x10 with 13 streams on 2 cores the loop then
+delivered a finished answer 35 ms after its finish on average, 73 ms at p90, time a real engine's
+own e2e counts and the simulated one's did not; docs/dashboard.md, "Validation", "Session 11".) When the engine
 is behind its clock (its last step ended before the current simulated time: a busy machine, or a
 long step), a request that arrives joins it only when the engine's own time reaches the arrival:
 added at once, it would be scheduled in a step that began before it arrived, and served sooner
@@ -11,6 +16,15 @@ gives before this; docs/dashboard.md, "Validation"). A request is
 done (`LiveEngine.wait_done`) when it finished and its finish time has come. It also counts the
 sessions in the system (an ``X-Session-Id`` seen in the last ``session_idle_s`` simulated seconds).
 The HTTP routes in front of it are `simulator.server`.
+
+The process's garbage collector runs at the loop's pauses, not wherever an allocation crosses its
+threshold: while the loop runs, automatic collection is off; before each pause (the engine ahead of
+its clock, or idle) it collects the young generations once ``GC_YOUNG_OBJECTS`` new tracked objects
+have accumulated, and everything every ``GC_FULL_EVERY_S`` wall seconds. Automatic collection had
+paused the engine for 3-11 ms three times a second and for 115-150 ms every 5-7 s under the
+recovered collapse demo, each finished answer then delivered late; the latency outside the engine's
+own clock went from 0.034-0.045 s to 0.016-0.020 s a turn without it (docs/dashboard.md,
+"Validation", "Session 11").
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import logging
 import time
 from typing import Any
@@ -26,6 +41,10 @@ from simulator.engine import ABORTED, FINISHED, Engine
 from simulator.engine import Request as EngineRequest
 
 log = logging.getLogger(__name__)
+
+STREAM_INTERVAL_S = 0.02  # wall seconds between a streamed answer's chunks, at most (module doc)
+GC_YOUNG_OBJECTS = 20_000  # new tracked objects the loop lets accumulate before it collects, at a pause
+GC_FULL_EVERY_S = 300.0  # wall seconds between full collections, at a pause
 
 
 class LiveEngine:
@@ -40,8 +59,10 @@ class LiveEngine:
         self.wall0 = clock()
         self.sim0 = engine.now
         self._kick = asyncio.Event()
-        self._tick = asyncio.Event()
+        self._watch: dict[EngineRequest, tuple[asyncio.Event, bool]] = {}  # waiter's event, first token seen
         self._task: asyncio.Task[None] | None = None
+        self._gc_was_enabled = True
+        self._gc_full_at = 0.0
         self._pending: collections.deque[EngineRequest] = collections.deque()  # arrived ahead of the engine
         self.sessions: dict[str, float] = {}  # X-Session-Id -> last seen (sim time)
         self.session_idle_s = 300.0
@@ -50,6 +71,9 @@ class LiveEngine:
         return self.sim0 + (self.clock() - self.wall0) * self.speed
 
     def start(self) -> None:
+        self._gc_was_enabled = gc.isenabled()
+        self._gc_full_at = self.clock()
+        gc.disable()  # collected at the loop's pauses (module doc)
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -57,6 +81,18 @@ class LiveEngine:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+            self._task = None
+            if self._gc_was_enabled:
+                gc.enable()
+
+    def _collect_garbage(self) -> None:
+        """At a pause of the loop: the young generations past ``GC_YOUNG_OBJECTS``, all of it every
+        ``GC_FULL_EVERY_S``."""
+        if self.clock() - self._gc_full_at >= GC_FULL_EVERY_S:
+            gc.collect()
+            self._gc_full_at = self.clock()
+        elif gc.get_count()[0] >= GC_YOUNG_OBJECTS:
+            gc.collect(1)
 
     def submit(self, req: EngineRequest) -> None:
         now = self.sim_now()
@@ -79,6 +115,7 @@ class LiveEngine:
             self._pending.remove(req)
             self.engine.add_request(req)
         self.engine.abort(req)
+        self._kick.set()  # its waiter wakes at the loop's next turn
 
     def touch_session(self, session_id: str | None, end: bool) -> None:
         if not session_id:
@@ -94,10 +131,32 @@ class LiveEngine:
             del self.sessions[sid]
         return len(self.sessions)
 
-    async def wait_tick(self, timeout: float = 0.25) -> None:
-        tick = self._tick
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(tick.wait(), timeout)
+    def due(self, req: EngineRequest, first_seen: bool) -> bool:
+        """Whether ``req`` has news for a waiter: aborted, finished and its finish time come, or (when
+        the waiter has not seen it yet) its first token's time come."""
+        if req.status == ABORTED:
+            return True
+        now = self.sim_now()
+        if req.status == FINISHED and now >= (req.finish_time or 0.0):
+            return True
+        return not first_seen and req.first_token_time is not None and now >= req.first_token_time
+
+    async def wait_change(self, req: EngineRequest, first_seen: bool, timeout: float) -> None:
+        """Until ``req`` is ``due`` (the loop wakes this waiter alone) or ``timeout`` wall seconds pass."""
+        if self.due(req, first_seen):
+            return
+        event = asyncio.Event()
+        self._watch[req] = (event, first_seen)
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            self._watch.pop(req, None)
+
+    def _wake_due(self) -> None:
+        for req, (event, first_seen) in list(self._watch.items()):
+            if self.due(req, first_seen):
+                event.set()
 
     def advance(self) -> None:
         """Run the engine up to the current simulated time, each arrival joining when the engine reaches it."""
@@ -117,10 +176,18 @@ class LiveEngine:
                 self.advance()
             except Exception:  # noqa: BLE001 - the engine loop must survive a bad request
                 log.exception("engine step failed")
-            tick, self._tick = self._tick, asyncio.Event()
-            tick.set()
+            self._wake_due()
             ahead = (engine.now - self.sim_now()) / self.speed
-            delay = min(0.02, ahead) if ahead > 0 else 0.02
+            if ahead <= 0 and not (engine.idle() and not self._pending):
+                # behind its clock with work to do (the step ended while the loop ran): step again
+                # now, after the other tasks had their turn. (It slept 20 ms here: at x10 the
+                # recovered collapse demo's short steps left it behind after most turns of the
+                # loop, and each finished answer came 20-35 ms late: docs/dashboard.md,
+                # "Validation", "Session 11".)
+                await asyncio.sleep(0)
+                continue
+            delay = min(0.02, ahead) if ahead > 0 else 0.02  # the step's end, or idle: the next arrival
+            self._collect_garbage()
             self._kick.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), max(delay, 0.001))
@@ -132,4 +199,4 @@ class LiveEngine:
                 return False
             if req.status == FINISHED and self.sim_now() >= (req.finish_time or 0.0):
                 return True
-            await self.wait_tick()
+            await self.wait_change(req, first_seen=True, timeout=0.25)

@@ -39,7 +39,7 @@ from simulator.config import CostModel, EngineConfig
 from simulator.content import CHARS_PER_TOKEN, TextContent, filler, tokens_of_text
 from simulator.engine import ABORTED, FINISHED, Engine, RequestTooLong
 from simulator.engine import Request as EngineRequest
-from simulator.live_engine import LiveEngine
+from simulator.live_engine import STREAM_INTERVAL_S, LiveEngine
 from simulator.metrics import engine_registry
 
 log = logging.getLogger(__name__)
@@ -359,9 +359,10 @@ def create_app(
                         return
                     now = live.sim_now()
                     done = req.status == FINISHED and now >= (req.finish_time or 0.0)
+                    first_due = req.first_token_time is not None and now >= req.first_token_time
                     if done:
                         visible = req.max_tokens
-                    elif req.first_token_time is not None and now >= req.first_token_time:
+                    elif first_due:
                         visible = min(req.output, req.max_tokens - 1)
                     else:
                         visible = 0
@@ -375,7 +376,7 @@ def create_app(
                     elif done:
                         yield chunk("", req.finish_reason)
                         break
-                    await live.wait_tick()
+                    await live.wait_change(req, first_seen=first_due, timeout=STREAM_INTERVAL_S)
                 if include_usage:
                     payload = {
                         "id": rid,

@@ -70,3 +70,74 @@ def test_a_request_aborted_before_the_engine_reached_it_is_aborted() -> None:
     assert gone.status == ABORTED
     live.advance()
     assert gone.first_scheduled is None and gone not in live.engine.waiting
+
+
+def test_a_waiter_wakes_when_its_first_token_and_its_finish_are_due_and_not_for_others() -> None:
+    clock = Clock()
+    live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=10.0, clock=clock)
+    req = request("r", 100, 3, c=content("r"))
+    live.submit(req)
+    live.engine.run_until(0.001)  # one step: 100 prefill tokens and the first answer token, to 0.11
+    assert req.first_token_time == pytest.approx(0.11) and not live.due(req, first_seen=False)
+    clock.t = 0.012  # simulated 0.12: the first token is due, the finish (0.13) not yet
+    live.advance()
+    assert live.due(req, first_seen=False) and not live.due(req, first_seen=True)
+    clock.t = 1.0
+    live.advance()
+    assert req.status == FINISHED and live.due(req, first_seen=True)
+
+
+def test_the_loop_wakes_only_the_waiter_whose_request_is_due() -> None:
+    import asyncio
+
+    async def scenario() -> tuple[list[str], float]:
+        live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=100.0)
+        short, long = request("short", 10, 1, c=content("short")), request("long", 10, 400, c=content("long"))
+        woke: list[str] = []
+
+        async def waiter(name: str, req: object) -> None:
+            await live.wait_change(req, first_seen=True, timeout=30.0)  # type: ignore[arg-type]
+            woke.append(name)
+
+        live.start()
+        try:
+            for r in (short, long):
+                live.submit(r)
+            tasks = [asyncio.create_task(waiter(n, r)) for n, r in (("short", short), ("long", long))]
+            await tasks[0]
+            at = live.sim_now()
+            await asyncio.sleep(0.01)  # ~1 simulated second more: "long" has ~4 s of steps left
+            still = not tasks[1].done()
+            tasks[1].cancel()
+            return woke + (["long waiting"] if still else []), at
+        finally:
+            await live.stop()
+
+    woke, at = asyncio.run(scenario())
+    assert woke == ["short", "long waiting"]
+    assert at < 1.0  # woken at its finish (0.02 simulated s), not at a 30 s timeout
+
+
+def test_the_collector_runs_at_the_loops_pauses_and_is_restored_after() -> None:
+    import asyncio
+    import gc
+
+    import simulator.live_engine as le
+
+    async def scenario() -> tuple[bool, int, bool]:
+        live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=100.0)
+        live.start()
+        try:
+            off = not gc.isenabled()
+            junk = [[i] for i in range(le.GC_YOUNG_OBJECTS + 100)]  # young tracked objects
+            await asyncio.sleep(0.1)  # the idle loop pauses every 20 ms and collects them
+            young = gc.get_count()[0]
+            del junk
+            return off, young, True
+        finally:
+            await live.stop()
+
+    enabled = gc.isenabled()
+    off, young, _ = asyncio.run(scenario())
+    assert off and young < le.GC_YOUNG_OBJECTS
+    assert gc.isenabled() == enabled
