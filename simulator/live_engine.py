@@ -17,10 +17,11 @@ done (`LiveEngine.wait_done`) when it finished and its finish time has come. It 
 sessions in the system (an ``X-Session-Id`` seen in the last ``session_idle_s`` simulated seconds).
 The HTTP routes in front of it are `simulator.server`.
 
-The process's garbage collector runs at the loop's pauses, not wherever an allocation crosses its
-threshold: while the loop runs, automatic collection is off; before each pause (the engine ahead of
-its clock, or idle) it collects the young generations once ``GC_YOUNG_OBJECTS`` new tracked objects
-have accumulated, and everything every ``GC_FULL_EVERY_S`` wall seconds. Automatic collection had
+The process's garbage collector runs between the loop's turns, not wherever an allocation crosses
+its threshold (in the middle of a step, or of a request's handling): while the loop runs, automatic
+collection is off; after each turn of the loop it collects the young generations once
+``GC_YOUNG_OBJECTS`` new tracked objects have accumulated, and everything every ``GC_FULL_EVERY_S``
+wall seconds. Automatic collection had
 paused the engine for 3-11 ms three times a second and for 115-150 ms every 5-7 s under the
 recovered collapse demo, each finished answer then delivered late; the latency outside the engine's
 own clock went from 0.034-0.045 s to 0.016-0.020 s a turn without it (docs/dashboard.md,
@@ -43,8 +44,8 @@ from simulator.engine import Request as EngineRequest
 log = logging.getLogger(__name__)
 
 STREAM_INTERVAL_S = 0.02  # wall seconds between a streamed answer's chunks, at most (module doc)
-GC_YOUNG_OBJECTS = 20_000  # new tracked objects the loop lets accumulate before it collects, at a pause
-GC_FULL_EVERY_S = 300.0  # wall seconds between full collections, at a pause
+GC_YOUNG_OBJECTS = 20_000  # new tracked objects the loop lets accumulate before it collects them
+GC_FULL_EVERY_S = 300.0  # wall seconds between full collections
 
 
 class LiveEngine:
@@ -73,7 +74,7 @@ class LiveEngine:
     def start(self) -> None:
         self._gc_was_enabled = gc.isenabled()
         self._gc_full_at = self.clock()
-        gc.disable()  # collected at the loop's pauses (module doc)
+        gc.disable()  # collected between the loop's turns (module doc)
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -86,7 +87,7 @@ class LiveEngine:
                 gc.enable()
 
     def _collect_garbage(self) -> None:
-        """At a pause of the loop: the young generations past ``GC_YOUNG_OBJECTS``, all of it every
+        """Between the loop's turns: the young generations past ``GC_YOUNG_OBJECTS``, all of it every
         ``GC_FULL_EVERY_S``."""
         if self.clock() - self._gc_full_at >= GC_FULL_EVERY_S:
             gc.collect()
@@ -177,6 +178,7 @@ class LiveEngine:
             except Exception:  # noqa: BLE001 - the engine loop must survive a bad request
                 log.exception("engine step failed")
             self._wake_due()
+            self._collect_garbage()
             ahead = (engine.now - self.sim_now()) / self.speed
             if ahead <= 0 and not (engine.idle() and not self._pending):
                 # behind its clock with work to do (the step ended while the loop ran): step again
@@ -187,7 +189,6 @@ class LiveEngine:
                 await asyncio.sleep(0)
                 continue
             delay = min(0.02, ahead) if ahead > 0 else 0.02  # the step's end, or idle: the next arrival
-            self._collect_garbage()
             self._kick.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), max(delay, 0.001))

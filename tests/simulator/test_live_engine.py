@@ -118,7 +118,7 @@ def test_the_loop_wakes_only_the_waiter_whose_request_is_due() -> None:
     assert at < 1.0  # woken at its finish (0.02 simulated s), not at a 30 s timeout
 
 
-def test_the_collector_runs_at_the_loops_pauses_and_is_restored_after() -> None:
+def test_the_collector_runs_between_the_loops_turns_and_is_restored_after() -> None:
     import asyncio
     import gc
 
@@ -130,7 +130,7 @@ def test_the_collector_runs_at_the_loops_pauses_and_is_restored_after() -> None:
         try:
             off = not gc.isenabled()
             junk = [[i] for i in range(le.GC_YOUNG_OBJECTS + 100)]  # young tracked objects
-            await asyncio.sleep(0.1)  # the idle loop pauses every 20 ms and collects them
+            await asyncio.sleep(0.1)  # the idle loop turns every 20 ms and collects them
             young = gc.get_count()[0]
             del junk
             return off, young, True
