@@ -16,6 +16,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class Job:
     error: str | None = None
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    counted: dict[str, int] | None = None  # the sidecar's own backlog counts at the start (`start_note`)
 
     def start(self) -> Job:
         self.started = time.time()
@@ -117,6 +119,26 @@ NO_FIT_WARNING = (
 )
 
 
+def start_note(job: Job) -> str:
+    """Where the start state (the collectors' listing of the sidecar's sessions) disagrees with the
+    sidecar's own backlog counts of the same moment: a listing not caught up (a page of it cut short, a
+    sidecar restarted), so the preview starts from fewer or other sessions than the engine has. Empty
+    when they agree or the counts are unknown."""
+    if not job.counted:
+        return ""
+    listed = {state: 0 for state in job.counted}
+    for s in job.inputs.sessions:
+        listed[s.state] = listed.get(s.state, 0) + 1
+    if all(listed.get(k, 0) == v for k, v in job.counted.items()):
+        return ""
+    said = ", ".join(f"{v} {k}" for k, v in job.counted.items())
+    held = ", ".join(f"{listed.get(k, 0)} {k}" for k in job.counted)
+    return (
+        f" (the sidecar counts {said}; the collectors' listing of its sessions holds {held}, and the "
+        "preview starts from those)"
+    )
+
+
 def caption(job: Job, note: str) -> str:
     """What the forecast ran on, under its table: start, workload, engine, overhead and cost model."""
     i, sh = job.inputs, job.inputs.shapes
@@ -133,7 +155,7 @@ def caption(job: Job, note: str) -> str:
         else "one draw of new sessions and turns; "
     )
     return (
-        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now, {draws}new sessions at "
+        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now{start_note(job)}, {draws}new sessions at "
         f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
         f"{i.engine.pool_tokens} tokens in blocks of {i.engine.block_size}; "
         f"{i.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own "
@@ -207,9 +229,11 @@ def start(
     minutes: float,
     now: float,
     begin: bool = True,
+    backlog: Mapping[str, Any] | None = None,
 ) -> tuple[Job | None, str]:
     """The forecast job of ``current`` against ``proposed`` from the collectors' record as of ``now``: its
-    inputs read at once, its draws run in the background from here (``begin``) or from ``Job.start``."""
+    inputs read at once, its draws run in the background from here (``begin``) or from ``Job.start``.
+    ``backlog``: the sidecar's ``/state`` backlog counts of the same moment, for `start_note`."""
     url = settings.database_url
     fit, note = fit_of(settings.fit_path, ref.engine_url)
     try:
@@ -230,7 +254,12 @@ def start(
         )
     except (ForecastError, data.DatabaseUnavailable) as exc:
         return None, str(exc)
-    job = Job(inputs, (current, proposed), minutes, draws=draws_for(minutes))
+    counted = {
+        k: int(v)
+        for k in ("admitted", "parked", "waiting")
+        if isinstance(v := (backlog or {}).get(k), int | float) and not isinstance(v, bool)
+    }
+    job = Job(inputs, (current, proposed), minutes, draws=draws_for(minutes), counted=counted or None)
     return (job.start() if begin else job), note
 
 
@@ -257,6 +286,7 @@ def section(
     current: BudgeterConfig,
     proposed: BudgeterConfig | None,
     now: float,
+    backlog: Mapping[str, Any] | None = None,
 ) -> None:
     st.subheader("Preview the next N minutes")
     key = f"forecast_job_{ref.key}"
@@ -271,7 +301,9 @@ def section(
     )
     if cols[0].button("Run forecast", key="forecast_run", disabled=proposed is None):
         assert proposed is not None
-        job, note = start(settings, ref, state, sessions, current, proposed, float(minutes), now)
+        job, note = start(
+            settings, ref, state, sessions, current, proposed, float(minutes), now, backlog=backlog
+        )
         if job is None:
             st.warning(escape_md(f"No forecast: {note}"))
         st.session_state[key] = job

@@ -122,7 +122,7 @@ else:
                 "latency-park judges recent turn latencies, which the preview does not have: it parks nobody."
             )
 
-forecast_view.section(settings, ref, state, sessions, current, proposed, now)
+forecast_view.section(settings, ref, state, sessions, current, proposed, now, backlog=backlog)
 
 changed = proposed is not None and (proposed.mode, proposed.low, proposed.high) != (
     current.mode,

@@ -51,7 +51,9 @@ GC_FULL_EVERY_S = 300.0  # wall seconds between full collections
 class LiveEngine:
     """Steps an ``Engine`` in scaled real time inside the event loop."""
 
-    def __init__(self, engine: Engine, speed: float, clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, engine: Engine, speed: float, clock: Any = time.monotonic, gc_between_turns: bool = True
+    ) -> None:
         if speed <= 0:
             raise ValueError(f"speed must be > 0, got {speed!r}")
         self.engine = engine
@@ -62,6 +64,8 @@ class LiveEngine:
         self._kick = asyncio.Event()
         self._watch: dict[EngineRequest, tuple[asyncio.Event, bool]] = {}  # waiter's event, first token seen
         self._task: asyncio.Task[None] | None = None
+        # False: Python's automatic collection, anywhere in a step (a benchmark's baseline)
+        self.gc_between_turns = gc_between_turns
         self._gc_was_enabled = True
         self._gc_full_at = 0.0
         self._pending: collections.deque[EngineRequest] = collections.deque()  # arrived ahead of the engine
@@ -74,7 +78,8 @@ class LiveEngine:
     def start(self) -> None:
         self._gc_was_enabled = gc.isenabled()
         self._gc_full_at = self.clock()
-        gc.disable()  # collected between the loop's turns (module doc)
+        if self.gc_between_turns:
+            gc.disable()  # collected between the loop's turns (module doc)
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -89,6 +94,8 @@ class LiveEngine:
     def _collect_garbage(self) -> None:
         """Between the loop's turns: the young generations past ``GC_YOUNG_OBJECTS``, all of it every
         ``GC_FULL_EVERY_S``."""
+        if not self.gc_between_turns:
+            return
         if self.clock() - self._gc_full_at >= GC_FULL_EVERY_S:
             gc.collect()
             self._gc_full_at = self.clock()

@@ -55,6 +55,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="behave like vLLM without --enable-prompt-tokens-details (no cached_tokens)",
     )
     p.add_argument(
+        "--gc",
+        choices=["loop", "auto"],
+        default="loop",
+        help="loop: the garbage collector runs between the engine loop's turns (default); auto: "
+        "Python's automatic collection, anywhere in a step (the baseline of bench/bench_live_engine.py)",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -97,6 +104,7 @@ def serve_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         default_output_tokens=args.output_tokens,
         prompt_tokens_details=not args.no_prompt_tokens_details,
+        gc_between_turns=args.gc == "loop",
     )
     serve_main(args.host, args.port, config.engine, serve, config.cost, log_level=args.log_level)
     return 0

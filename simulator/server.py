@@ -81,6 +81,7 @@ class ServeConfig:
     seed: int = 0
     default_output_tokens: int = 200
     prompt_tokens_details: bool = True
+    gc_between_turns: bool = True  # `LiveEngine`'s collection policy (its module doc)
 
 
 def create_app(
@@ -102,7 +103,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        live = LiveEngine(engine, serve.speed)
+        live = LiveEngine(engine, serve.speed, gc_between_turns=serve.gc_between_turns)
         state["live"] = live
         live.start()
         log.info(

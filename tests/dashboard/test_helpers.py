@@ -215,3 +215,36 @@ def test_a_subtree_with_no_completed_turn_was_never_hit() -> None:
     assert last_hit_text(float("nan"), now) == "never"
     assert last_hit_text(now - 4.0, now) == "4 s ago"
     assert last_hit_text(now - 600.0, now) == "10 min ago"
+
+
+def test_the_forecast_caption_says_when_its_start_state_disagrees_with_the_sidecars_counts() -> None:
+    import dataclasses
+
+    from dashboard.forecast_view import Job, caption, start_note
+    from simulator.config import CostModel, EngineConfig
+    from simulator.forecast import ForecastInputs, Shapes, StartSession
+
+    def session(i: int, state: str) -> StartSession:
+        return StartSession(f"s{i}", state, 1000, 1)
+
+    inputs = ForecastInputs(
+        engine=EngineConfig(pool_tokens=400_000, block_size=16),
+        cost=CostModel(),
+        cost_source="latencies",
+        sessions=tuple(session(i, "admitted" if i < 3 else "parked") for i in range(4)),
+        shapes=Shapes(0.5, (1000,), (100,), (10,), (1.0,), (20,), 0, 321),
+        output_budget=10,
+    )
+    job = Job(
+        inputs, (BudgeterConfig(), BudgeterConfig()), 30.0, counted={"admitted": 3, "parked": 1, "waiting": 0}
+    )
+    assert start_note(job) == ""  # they agree
+    assert start_note(dataclasses.replace(job, counted=None)) == ""  # no counts: nothing to compare
+    behind = dataclasses.replace(job, counted={"admitted": 90, "parked": 12, "waiting": 18})
+    assert start_note(behind) == (
+        " (the sidecar counts 90 admitted, 12 parked, 18 waiting; the collectors' listing of its sessions "
+        "holds 3 admitted, 1 parked, 0 waiting, and the preview starts from those)"
+    )
+    assert caption(behind, "").startswith(
+        "30 minutes from 4 sessions as of now (the sidecar counts 90 admitted, 12 parked, 18 waiting; "
+    )

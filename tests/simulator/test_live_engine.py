@@ -141,3 +141,21 @@ def test_the_collector_runs_between_the_loops_turns_and_is_restored_after() -> N
     off, young, _ = asyncio.run(scenario())
     assert off and young < le.GC_YOUNG_OBJECTS
     assert gc.isenabled() == enabled
+
+
+def test_with_automatic_collection_the_loop_leaves_the_collector_alone() -> None:
+    import asyncio
+    import gc
+
+    async def scenario() -> bool:
+        live = LiveEngine(
+            Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=100.0, gc_between_turns=False
+        )
+        live.start()
+        try:
+            await asyncio.sleep(0.05)
+            return gc.isenabled()
+        finally:
+            await live.stop()
+
+    assert asyncio.run(scenario()) and gc.isenabled()
