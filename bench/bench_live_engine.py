@@ -50,6 +50,7 @@ def one_run(policy: str, args: argparse.Namespace, data_dir: Path) -> tuple[floa
         engine="simulator",
         engine_url=None,
     )
+    data_dir.mkdir(parents=True)
     services = build_services(ns, token)
     engine, sidecar = services[0], services[1]
     engine.cmd = [*engine.cmd, "--gc", policy]
