@@ -5,9 +5,9 @@ at the current simulated time; the loop runs the ``Engine`` up to it, wakes the 
 request has something new due (`LiveEngine.wait_change`: its first token, its finish, an abort), and
 sleeps until the engine's next event is due or a request arrives. Only those waiters wake: a streamed
 answer is otherwise sent every ``STREAM_INTERVAL_S`` wall seconds, whatever came in between in one
-chunk. (It had woken every waiter on every step: at x10 with 13 streams on 2 cores the loop then
-delivered a finished answer 35 ms after its finish on average, 73 ms at p90, time a real engine's
-own e2e counts and the simulated one's did not; docs/dashboard.md, "Validation", "Session 11".) When the engine
+chunk. (It had woken every waiter on every step, and each stream sent a chunk per step: at x10 ten
+times a real engine's rate.) When the engine has work and comes back to its loop behind its clock,
+it steps again at once. When the engine
 is behind its clock (its last step ended before the current simulated time: a busy machine, or a
 long step), a request that arrives joins it only when the engine's own time reaches the arrival:
 added at once, it would be scheduled in a step that began before it arrived, and served sooner
@@ -21,10 +21,14 @@ The process's garbage collector runs between the loop's turns, not wherever an a
 its threshold (in the middle of a step, or of a request's handling): while the loop runs, automatic
 collection is off; after each turn of the loop it collects the young generations once
 ``GC_YOUNG_OBJECTS`` new tracked objects have accumulated, and everything every ``GC_FULL_EVERY_S``
-wall seconds. Automatic collection had
-paused the engine for 3-11 ms three times a second and for 115-150 ms every 5-7 s under the
-recovered collapse demo, each finished answer then delivered late; the latency outside the engine's
-own clock went from 0.034-0.045 s to 0.016-0.020 s a turn without it (docs/dashboard.md,
+wall seconds.
+
+Under the recovered collapse demo's load (13 streams at x10 on 2 cores) the engine had sent each
+finished answer 35 ms after its finish on average, 73 ms at p90: time a real engine's own e2e counts
+and the simulated one's did not. Automatic collection paused it for 3-11 ms three times a second and
+for 115-150 ms every 5-7 s; its loop, behind its clock at 96% of its turns, slept 20 ms there; and it
+woke every waiter on every step. ``bench/bench_live_engine.py``: 14.0 ms a turn outside the engine's
+clock with collection between the loop's turns, 24.5 ms with Python's own (docs/dashboard.md,
 "Validation", "Session 11").
 """
 
@@ -62,7 +66,9 @@ class LiveEngine:
         self.wall0 = clock()
         self.sim0 = engine.now
         self._kick = asyncio.Event()
-        self._watch: dict[EngineRequest, tuple[asyncio.Event, bool]] = {}  # waiter's event, first token seen
+        self._watch: dict[
+            asyncio.Event, tuple[EngineRequest, bool]
+        ] = {}  # a waiter: its request, first token seen
         self._task: asyncio.Task[None] | None = None
         # False: Python's automatic collection, anywhere in a step (a benchmark's baseline)
         self.gc_between_turns = gc_between_turns
@@ -154,15 +160,15 @@ class LiveEngine:
         if self.due(req, first_seen):
             return
         event = asyncio.Event()
-        self._watch[req] = (event, first_seen)
+        self._watch[event] = (req, first_seen)
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout)
         finally:
-            self._watch.pop(req, None)
+            del self._watch[event]
 
     def _wake_due(self) -> None:
-        for req, (event, first_seen) in list(self._watch.items()):
+        for event, (req, first_seen) in list(self._watch.items()):
             if self.due(req, first_seen):
                 event.set()
 
@@ -190,9 +196,8 @@ class LiveEngine:
             if ahead <= 0 and not (engine.idle() and not self._pending):
                 # behind its clock with work to do (the step ended while the loop ran): step again
                 # now, after the other tasks had their turn. (It slept 20 ms here: at x10 the
-                # recovered collapse demo's short steps left it behind after most turns of the
-                # loop, and each finished answer came 20-35 ms late: docs/dashboard.md,
-                # "Validation", "Session 11".)
+                # recovered collapse demo's short steps left it behind at 96% of the loop's turns,
+                # by 12-16 ms on average: docs/dashboard.md, "Validation", "Session 11".)
                 await asyncio.sleep(0)
                 continue
             delay = min(0.02, ahead) if ahead > 0 else 0.02  # the step's end, or idle: the next arrival
