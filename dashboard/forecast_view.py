@@ -31,7 +31,14 @@ from dashboard.settings import Settings
 from dashboard.ui import escape_md
 from db.queries.turns import engine_block_size
 from db.queries.turns import turns as stored_turns
-from simulator.forecast import OVERHEAD_TURNS, WINDOW_S, ForecastError, ForecastInputs, forecast_inputs
+from simulator.forecast import (
+    OVERHEAD_TURNS,
+    START_STATES,
+    WINDOW_S,
+    ForecastError,
+    ForecastInputs,
+    forecast_inputs,
+)
 from simulator.forecast_cost import COST_WINDOW_S
 from simulator.forecast_draws import draws_for, run_draws
 
@@ -134,8 +141,9 @@ def start_note(job: Job) -> str:
     said = ", ".join(f"{v} {k}" for k, v in job.counted.items())
     held = ", ".join(f"{listed.get(k, 0)} {k}" for k in job.counted)
     return (
-        f" (the sidecar counts {said}; the collectors' listing of its sessions holds {held}, and the "
-        "preview starts from those)"
+        f"The preview starts from the collectors' listing of the sidecar's sessions: {held}. The sidecar "
+        f"itself counts {said}. The listing has not caught up, so the preview does not start from the "
+        "engine's whole backlog."
     )
 
 
@@ -155,7 +163,7 @@ def caption(job: Job, note: str) -> str:
         else "one draw of new sessions and turns; "
     )
     return (
-        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now{start_note(job)}, {draws}new sessions at "
+        f"{job.minutes:g} minutes from {len(i.sessions)} sessions as of now, {draws}new sessions at "
         f"{sh.arrival_rate * 60:.2f}/min and turn shapes from {sh.turns_seen} recorded turns; pool "
         f"{i.engine.pool_tokens} tokens in blocks of {i.engine.block_size}; "
         f"{i.turn_overhead_s:.2f} s of each turn's recorded latency outside the engine's own "
@@ -256,7 +264,7 @@ def start(
         return None, str(exc)
     counted = {
         k: int(v)
-        for k in ("admitted", "parked", "waiting")
+        for k in START_STATES
         if isinstance(v := (backlog or {}).get(k), int | float) and not isinstance(v, bool)
     }
     job = Job(inputs, (current, proposed), minutes, draws=draws_for(minutes), counted=counted or None)
@@ -326,6 +334,8 @@ def section(
         if job.error:
             st.error(escape_md(f"The forecast failed: {job.error}"))
             return
+        if behind := start_note(job):  # its own box: a start the engine does not have misleads every row
+            st.warning(escape_md(behind))
         st.caption(escape_md(caption(job, st.session_state.get(key + "_note", ""))))
         a, b = job.results
         table = pd.DataFrame(

@@ -60,6 +60,7 @@ class Views(PlaneState):
             "pinned": s.pinned,
             "held": len(self._held.get(s.id, ())),
             "in_flight": s.inflight,
+            "pending_prompt_tokens": s.inflight_prompt,
             "demand_tokens": s.demand_tokens if s.state == ADMITTED else 0,
             "output_budget": s.output_budget,
             "last_cached_fraction": extra.last_cached_fraction,

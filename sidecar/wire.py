@@ -219,6 +219,8 @@ class SessionDoc(Wire):
     pinned: bool
     held: int
     in_flight: int
+    pending_prompt_tokens: int = 0
+    """The prompt tokens of its turn in flight or held at the gate (0: none); the forecast starts it there."""
     demand_tokens: int
     output_budget: int
     last_cached_fraction: float | None = None

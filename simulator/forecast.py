@@ -6,7 +6,10 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
 * ``start_sessions``: the sidecar's sessions as of its last ``/sessions``
   (``admitted``, ``parked``, ``waiting``; any other state is left out) with
   their context, the turns they have done, and whether an admitted one has a
-  turn in flight (``in_flight``: already forwarded, so no control can hold it),
+  turn in flight (``in_flight``: already forwarded, so no control can hold it)
+  or a turn held at the gate (``held``), and that turn's prompt
+  (``pending_prompt``: ``pending_prompt_tokens``, the sidecar's count; from an
+  older listing, a turn in flight's ``demand_tokens`` less ``output_budget``),
   how long ago its last activity was (``since_activity_s``, from the sidecar's
   ``last_activity``: the turn in flight was forwarded then, or the last turn
   finished then; the forecast's engine takes the turns in flight in that
@@ -122,6 +125,8 @@ class StartSession:
     manual: bool = False
     pinned: bool = False
     in_flight: bool = False  # an admitted session with a turn already forwarded to the engine
+    held: bool = False  # a turn of it waits at the sidecar's gate (parked or waiting, or not yet released)
+    pending_prompt: int = 0  # that turn's prompt, in flight or held, as the sidecar counted it; 0: unknown
     output_budget: int = 0  # what its client declared (max_tokens, as the sidecar bounded it); 0: unknown
     since_activity_s: float = 0.0  # since its turn in flight was forwarded, or its last turn finished
     # since the sidecar first admitted it (None: never admitted), and since it arrived: the budgeter parks
@@ -169,6 +174,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
             continue
         doc = r.get("data") if isinstance(r.get("data"), dict) else {}
         since = as_num(doc.get("parked_since")) if r["state"] == "parked" else None
+        in_flight = r["state"] == "admitted" and as_int(doc.get("in_flight")) > 0
         active = as_num(doc.get("last_activity"))
         admitted, arrived = as_num(doc.get("admitted_at")), as_num(doc.get("arrived_at"))
         out.append(
@@ -178,7 +184,9 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
                 context_tokens=as_int(r.get("context_tokens")),
                 turns_done=as_int(r.get("turns")),
                 parked_for_s=max(0.0, now - since) if since is not None else 0.0,
-                in_flight=r["state"] == "admitted" and as_int(doc.get("in_flight")) > 0,
+                in_flight=in_flight,
+                held=not in_flight and as_int(doc.get("held")) > 0,
+                pending_prompt=pending_prompt(r, doc, in_flight),
                 manual=bool(r.get("manual")),
                 pinned=bool(r.get("pinned")),
                 output_budget=as_int(doc.get("output_budget")),
@@ -188,6 +196,20 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
             )
         )
     return tuple(sorted(out, key=lambda s: s.id))
+
+
+def pending_prompt(row: Mapping[str, Any], doc: Mapping[str, Any], in_flight: bool) -> int:
+    """The prompt of a session's turn in flight or held, from its listing: ``pending_prompt_tokens``
+    (the sidecar's budgeter counts it), else, for a turn in flight, what the session's KV demand counts
+    beyond its context and output budget (``demand_tokens``: the larger of the two, plus the budget;
+    listings before the field); 0 where neither says."""
+    if (pending := as_int(doc.get("pending_prompt_tokens"))) > 0:
+        return pending
+    if in_flight:
+        beyond = as_int(doc.get("demand_tokens")) - as_int(doc.get("output_budget"))
+        if beyond > as_int(row.get("context_tokens")):
+            return beyond
+    return 0
 
 
 def declared_budgets(rows: Iterable[Mapping[str, Any]]) -> tuple[int, ...]:

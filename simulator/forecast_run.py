@@ -30,9 +30,16 @@ only). The run:
   forwarded under the current config: no control holds it; a collapsed
   engine's backlog is there to drain), in the order they were forwarded
   (the engine's queue is first come, first served), its latency counted from
-  when it was forwarded; every other one asks for its next turn
-  after a tool gap drawn from the recorded gaps (a parked or waiting one is held
-  until the budgeter admits it); each lasts a
+  when it was forwarded; one whose turn is held at the sidecar's gate asks
+  for it at t = 0 (held until the budgeter admits it); every other one asks
+  for its next turn after a tool gap drawn from the recorded gaps (a parked
+  or waiting one is held until the budgeter admits it). A turn in flight or
+  held has the prompt the sidecar counted for it (``pending_prompt``): a new
+  session's first turn has no context to add new text to. (Given the
+  context plus a later turn's new text, the collapse's new sessions in
+  flight started with 665-token first prompts where theirs had 6,626: the
+  preview admitted ~6,000 tokens too many for each, and drained its parked
+  sessions early; docs/dashboard.md, "Session 12".) Each lasts a
   total number of turns drawn from the recorded totals above the turns it has
   done (one more turn when no recorded total is above);
 * *new sessions*: Poisson arrivals at the recorded rate, first prompt and
@@ -72,7 +79,7 @@ from typing import Any
 from core.budgeter import Budgeter, BudgeterConfig
 from simulator.content import SegmentContent
 from simulator.engine import Engine, Request
-from simulator.forecast import ForecastInputs, StartSession
+from simulator.forecast import ForecastInputs, Shapes, StartSession
 from simulator.loop import EventLoop
 
 Progress = Callable[[float], None]
@@ -135,6 +142,17 @@ def _admitted_at(s: StartSession, t0: float) -> float | None:
     return t0 if s.state == "admitted" else None
 
 
+def pending_prompt(s: StartSession, rng: random.Random, sh: Shapes) -> int:
+    """The prompt of ``s``'s turn in flight or held at the gate: as the sidecar counted it (where that is
+    above the context: a later turn's prompt holds its context), else its context plus drawn new text, a
+    first turn (no context yet) a drawn first prompt."""
+    if s.pending_prompt > s.context_tokens:
+        return s.pending_prompt
+    if s.turns_done == 0 and s.context_tokens == 0 and sh.first_prompts:
+        return max(1, rng.choice(sh.first_prompts))
+    return max(1, s.context_tokens + rng.choice(sh.extras))
+
+
 def start_budgeter(inputs: ForecastInputs, config: BudgeterConfig, t0: float) -> Budgeter:
     """The sidecar's budgeter as of ``t0``: the sessions in their states, admitted and arrived when the
     sidecar's were, with their contexts and budgets; in mode ``off`` (the turns in flight were forwarded
@@ -189,7 +207,7 @@ def run_forecast(
         sess.budget = s.output_budget or inputs.output_budget
         sessions[s.id] = sess
         if s.in_flight:
-            in_flight[s.id] = max(1, sess.context + rng.choice(sh.extras))
+            in_flight[s.id] = pending_prompt(s, rng, sh)
     # the engine's running batch: the turns in flight longest, oldest first, each answer that far along
     running = {sid: j for j, sid in enumerate(list(in_flight)[: inputs.engine_running])}
     batch = len(running)
@@ -200,7 +218,7 @@ def run_forecast(
         # the running batch last, its oldest last of all: a pool too small for the whole batch keeps the
         # turns the engine took first (decoding, where its youngest may still be prefilling)
         for s in sorted(oldest_first, key=lambda s: (s.id in running, -running.get(s.id, 0)))
-        if s.state == "admitted" and s.context_tokens > 0
+        if s.state == "admitted" and (s.context_tokens > 0 or s.id in running)  # a first turn: its prompt
     ]
     for s in warm:
         tokens = min(
@@ -244,9 +262,9 @@ def run_forecast(
             )
         )
 
-    def submit(now: float, sess: _Sess) -> None:
-        prompt = max(1, sess.context + sess.rng.choice(sh.extras))
-        sess.gated_at = now
+    def submit(now: float, sess: _Sess, prompt: int | None = None, gated_at: float | None = None) -> None:
+        prompt = max(1, sess.context + sess.rng.choice(sh.extras)) if prompt is None else prompt
+        sess.gated_at = now if gated_at is None else gated_at
         if budgeter.request_turn(sess.id, now, prompt, sess.budget) == "forward":
             forward(sess, now, prompt)
         else:
@@ -326,6 +344,9 @@ def run_forecast(
             budgeter.request_turn(s.id, t0, prompt, sess.budget)  # mode off: forwarded
             sess.gated_at = t0 - s.since_activity_s  # its latency counts from when it was forwarded
             loop.push(t0, lambda now, x: forward(x[0], now, x[1]), (sess, prompt))
+        elif s.held:  # its turn is at the gate already (since its last activity): asked for at t = 0
+            held = (sess, pending_prompt(s, sess.rng, sh), t0 - s.since_activity_s)
+            loop.push(t0, lambda now, x: submit(now, *x), held)
         else:
             loop.push(t0 + gap(sess), submit, sess)
     budgeter.set_config(config)

@@ -217,7 +217,7 @@ def test_a_subtree_with_no_completed_turn_was_never_hit() -> None:
     assert last_hit_text(now - 600.0, now) == "10 min ago"
 
 
-def test_the_forecast_caption_says_when_its_start_state_disagrees_with_the_sidecars_counts() -> None:
+def test_the_forecast_says_when_its_start_state_disagrees_with_the_sidecars_counts() -> None:
     import dataclasses
 
     from dashboard.forecast_view import Job, caption, start_note
@@ -242,9 +242,10 @@ def test_the_forecast_caption_says_when_its_start_state_disagrees_with_the_sidec
     assert start_note(dataclasses.replace(job, counted=None)) == ""  # no counts: nothing to compare
     behind = dataclasses.replace(job, counted={"admitted": 90, "parked": 12, "waiting": 18})
     assert start_note(behind) == (
-        " (the sidecar counts 90 admitted, 12 parked, 18 waiting; the collectors' listing of its sessions "
-        "holds 3 admitted, 1 parked, 0 waiting, and the preview starts from those)"
+        "The preview starts from the collectors' listing of the sidecar's sessions: 3 admitted, 1 parked, "
+        "0 waiting. The sidecar itself counts 90 admitted, 12 parked, 18 waiting. The listing has not caught "
+        "up, so the preview does not start from the engine's whole backlog."
     )
     assert caption(behind, "").startswith(
-        "30 minutes from 4 sessions as of now (the sidecar counts 90 admitted, 12 parked, 18 waiting; "
-    )
+        "30 minutes from 4 sessions as of now, "
+    )  # the note is a box of its own

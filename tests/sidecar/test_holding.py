@@ -80,6 +80,7 @@ async def test_parked_at_the_next_turn_boundary_never_mid_turn(tmp_path: Path) -
             await settle(lambda: held(h) == 1, "s1 held at its turn boundary")
             s1 = (await h.client.get("/sessions/s1")).json()
             assert s1["state"] == "parked" and not s1["manual"] and s1["held"] == 1
+            assert s1["pending_prompt_tokens"] > 0  # the held turn's prompt, as the sidecar estimates it
             assert s1["parked_since"] == h.clock()
             await h.client.put("/control/budgeter", headers=OP_HEADERS, json={"low": 0.75, "high": 0.95})
         assert results.done[-1] == ("s1", 200)
@@ -349,6 +350,12 @@ async def test_demand_is_context_or_prompt_in_flight_plus_output_budget(tmp_path
                 h.cp.budgeter.demand_tokens()
                 == in_flight.inflight_prompt + 50 + sessions["b"]["context_tokens"] + 1024
             )
+            # the listing says it: the forecast starts this turn with that prompt (simulator.forecast)
+            listed = (await h.client.get("/sessions/a")).json()
+            assert listed["pending_prompt_tokens"] == in_flight.inflight_prompt
+            assert listed["demand_tokens"] == in_flight.inflight_prompt + 50
+        listed = (await h.client.get("/sessions/a")).json()
+        assert listed["pending_prompt_tokens"] == 0 and listed["in_flight"] == 0  # answered: nothing pending
 
 
 async def test_pool_comes_from_the_engine_and_is_refreshed(tmp_path: Path) -> None:

@@ -842,3 +842,116 @@ def test_the_running_batch_is_part_way_through_its_answers_and_its_oldest_stay_c
     result = run(640 * 16, 3)
     assert sum(result["series"]["cached_tokens"]) == 2 * 318 * 16
     assert [sid for sid, _, _ in done][:2] == ["b", "c"]
+
+
+def test_a_turn_in_flight_or_held_starts_with_the_prompt_the_sidecar_counted() -> None:
+    """A new session's first turn in flight has no context yet: its prompt is the one the sidecar counted
+    (``pending_prompt_tokens``), not the context plus the new text of a later turn. (Run I's preview gave
+    the collapse's 18 new sessions in flight 665-token first prompts where theirs had 6,626: it admitted
+    ~6,000 tokens too many for each of them and drained its parked sessions early; docs/dashboard.md,
+    "Session 12".) Listings before the field: what the KV demand counts beyond the context and budget."""
+    rows = [
+        {  # a first turn in flight, the field present
+            "session_id": "a",
+            "state": "admitted",
+            "context_tokens": 0,
+            "turns": 0,
+            "data": {
+                "in_flight": 1,
+                "pending_prompt_tokens": 6626,
+                "demand_tokens": 6776,
+                "output_budget": 150,
+            },
+        },
+        {  # an older listing: demand 6776 = the prompt in flight 6626 + the budget 150
+            "session_id": "b",
+            "state": "admitted",
+            "context_tokens": 0,
+            "turns": 0,
+            "data": {"in_flight": 1, "demand_tokens": 6776, "output_budget": 150},
+        },
+        {  # between turns: nothing pending, whatever the demand says
+            "session_id": "c",
+            "state": "admitted",
+            "context_tokens": 9000,
+            "turns": 4,
+            "data": {"demand_tokens": 9150, "output_budget": 150},
+        },
+        {  # parked with its next turn held at the gate
+            "session_id": "d",
+            "state": "parked",
+            "context_tokens": 9000,
+            "turns": 4,
+            "data": {"held": 1, "pending_prompt_tokens": 9665, "parked_since": NOW - 3},
+        },
+        {  # parked between turns
+            "session_id": "e",
+            "state": "parked",
+            "context_tokens": 9000,
+            "turns": 4,
+            "data": {"held": 0, "pending_prompt_tokens": 0},
+        },
+    ]
+    got = {s.id: (s.in_flight, s.held, s.pending_prompt) for s in start_sessions(rows, NOW)}
+    assert got == {
+        "a": (True, False, 6626),
+        "b": (True, False, 6626),
+        "c": (False, False, 0),
+        "d": (False, True, 9665),
+        "e": (False, False, 0),
+    }
+
+
+def test_pending_prompts_fall_back_to_a_drawn_first_prompt_or_the_context_plus_new_text() -> None:
+    import random
+
+    from simulator.forecast_run import pending_prompt
+
+    sh = Shapes(0.0, (6626,), (665,), (150,), (0.2,), (40,), 0, 10)
+    rng = random.Random(0)
+    assert (
+        pending_prompt(StartSession("a", "admitted", 0, 0, in_flight=True, pending_prompt=7000), rng, sh)
+        == 7000
+    )
+    assert (
+        pending_prompt(StartSession("a", "admitted", 0, 0, in_flight=True), rng, sh) == 6626
+    )  # a first turn
+    assert pending_prompt(StartSession("a", "admitted", 9000, 4, in_flight=True), rng, sh) == 9665
+    # a count below the context (a sidecar's estimate from characters): the context plus new text
+    assert (
+        pending_prompt(StartSession("a", "parked", 9000, 4, held=True, pending_prompt=120), rng, sh) == 9665
+    )
+
+
+def test_a_held_turn_is_asked_for_at_the_start_with_its_prompt() -> None:
+    """A waiting session whose turn is at the gate asks at t = 0 with the prompt the sidecar holds; under
+    `off` the budgeter admits it at its first tick: its one turn (10,000 tokens) finishes in the minute,
+    where a session between turns waits out a 100 s tool gap first, past the minute's end. Its latency
+    counts from when it reached the gate (its last activity, 30 s before)."""
+
+    def first_turns(held: bool) -> tuple[int, int, float | None]:
+        inputs = ForecastInputs(
+            engine=EngineConfig(pool_tokens=200_000),
+            cost=CostModel(0.01, 1e-5, 0.0, 1e-8, 0.0),
+            cost_source="fit",
+            sessions=(
+                StartSession(
+                    "w",
+                    "waiting",
+                    0,
+                    0,
+                    held=held,
+                    pending_prompt=10_000 if held else 0,
+                    since_activity_s=30.0,
+                ),
+            ),
+            shapes=Shapes(0.0, (500,), (100,), (10,), (100.0,), (1,), 0, 10),
+            output_budget=10,
+        )
+        result = run_forecast(inputs, BudgeterConfig(mode="off"), 1)
+        series = result["series"]
+        return sum(series["turns"]), sum(series["prompt_tokens"]), result["summary"]["p95_turn_latency_s"]
+
+    turns, prompt, latency = first_turns(held=True)
+    assert (turns, prompt) == (1, 10_000) and latency is not None and 30.0 < latency < 32.0
+    assert first_turns(held=False) == (0, 0, None)

@@ -124,7 +124,7 @@ def test_the_collector_runs_between_the_loops_turns_and_is_restored_after() -> N
 
     import simulator.live_engine as le
 
-    async def scenario() -> tuple[bool, int, bool]:
+    async def scenario() -> tuple[bool, int]:
         live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=100.0)
         live.start()
         try:
@@ -133,12 +133,12 @@ def test_the_collector_runs_between_the_loops_turns_and_is_restored_after() -> N
             await asyncio.sleep(0.1)  # the idle loop turns every 20 ms and collects them
             young = gc.get_count()[0]
             del junk
-            return off, young, True
+            return off, young
         finally:
             await live.stop()
 
     enabled = gc.isenabled()
-    off, young, _ = asyncio.run(scenario())
+    off, young = asyncio.run(scenario())
     assert off and young < le.GC_YOUNG_OBJECTS
     assert gc.isenabled() == enabled
 
