@@ -846,8 +846,8 @@ def test_the_running_batch_is_part_way_through_its_answers_and_its_oldest_stay_c
 
 def test_a_turn_in_flight_or_held_starts_with_the_prompt_the_sidecar_counted() -> None:
     """A new session's first turn in flight has no context yet: its prompt is the one the sidecar counted
-    (``pending_prompt_tokens``), not the context plus the new text of a later turn. (Run I's preview gave
-    the collapse's 18 new sessions in flight 665-token first prompts where theirs had 6,626: it admitted
+    (``pending_prompt_tokens``), not the context plus the new text of a later turn. (Run J's preview gave
+    the collapse's 16 new sessions in flight 665-token first prompts where theirs had 6,626: it admitted
     ~6,000 tokens too many for each of them and drained its parked sessions early; docs/dashboard.md,
     "Session 12".) Listings before the field: what the KV demand counts beyond the context and budget."""
     rows = [
