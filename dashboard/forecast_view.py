@@ -12,6 +12,7 @@ runs side by side.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -133,13 +134,11 @@ def start_note(job: Job) -> str:
     when they agree or the counts are unknown."""
     if not job.counted:
         return ""
-    listed = {state: 0 for state in job.counted}
-    for s in job.inputs.sessions:
-        listed[s.state] = listed.get(s.state, 0) + 1
-    if all(listed.get(k, 0) == v for k, v in job.counted.items()):
+    listed = collections.Counter(s.state for s in job.inputs.sessions)
+    if all(listed[k] == v for k, v in job.counted.items()):
         return ""
     said = ", ".join(f"{v} {k}" for k, v in job.counted.items())
-    held = ", ".join(f"{listed.get(k, 0)} {k}" for k in job.counted)
+    held = ", ".join(f"{listed[k]} {k}" for k in job.counted)
     return (
         f"The preview starts from the collectors' listing of the sidecar's sessions: {held}. The sidecar "
         f"itself counts {said}. The listing has not caught up, so the preview does not start from the "

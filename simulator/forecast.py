@@ -186,7 +186,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
                 parked_for_s=max(0.0, now - since) if since is not None else 0.0,
                 in_flight=in_flight,
                 held=not in_flight and as_int(doc.get("held")) > 0,
-                pending_prompt=pending_prompt(r, doc, in_flight),
+                pending_prompt=listed_pending_prompt(r, doc, in_flight),
                 manual=bool(r.get("manual")),
                 pinned=bool(r.get("pinned")),
                 output_budget=as_int(doc.get("output_budget")),
@@ -198,7 +198,7 @@ def start_sessions(rows: Iterable[Mapping[str, Any]], now: float) -> tuple[Start
     return tuple(sorted(out, key=lambda s: s.id))
 
 
-def pending_prompt(row: Mapping[str, Any], doc: Mapping[str, Any], in_flight: bool) -> int:
+def listed_pending_prompt(row: Mapping[str, Any], doc: Mapping[str, Any], in_flight: bool) -> int:
     """The prompt of a session's turn in flight or held, from its listing: ``pending_prompt_tokens``
     (the sidecar's budgeter counts it), else, for a turn in flight, what the session's KV demand counts
     beyond its context and output budget (``demand_tokens``: the larger of the two, plus the budget;
