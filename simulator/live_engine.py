@@ -30,6 +30,22 @@ for 115-150 ms every 5-7 s; its loop, behind its clock at 96% of its turns, slep
 woke every waiter on every step. ``bench/bench_live_engine.py``: 14.0 ms a turn outside the engine's
 clock with collection between the loop's turns, 24.5 ms with Python's own (docs/dashboard.md,
 "Validation", "Session 11").
+
+**Read only what has happened** (`LiveEngine.current`). A step is run whole when it begins, so the
+engine's statistics count its finishes and tokens up to one step before the clock reaches them (77 ms
+of wall time for a collapsed demo's prefill chunk at x10). Its ``/metrics`` are read through
+``current``: at the loop's next moment no step runs ahead of the clock, as a real engine's counters
+hold only finished work. Read at any moment, a scrape in the collapse (turn latencies rising
+0.06 s every second) counted the engine's newest finishes before the sidecar saw them, and the
+forecast's ``turn_overhead`` (the turns' latency at the sidecar minus the engine's mean e2e,
+interval by interval) came out 0.002 s where the latency outside the engine's clock, joined turn by
+turn, was 0.006-0.007 s (docs/dashboard.md, "Validation", "Session 14").
+
+**One wake-up, not three.** A waiter, and the loop's own sleep, await a bare future that the loop
+(or a timer) resolves. ``asyncio.wait_for`` on an ``asyncio.Event`` took three of the loop's turns
+from the event to the waiter (a task for the wait, its callback, then the waiter), a step of the
+engine between each: in the validation's recovery a finished answer left the engine 6-7 ms after its
+finish, of the 10-11 ms a turn spent outside the engine's clock (docs/dashboard.md, "Session 14").
 """
 
 from __future__ import annotations
@@ -40,7 +56,8 @@ import contextlib
 import gc
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from simulator.engine import ABORTED, FINISHED, Engine
 from simulator.engine import Request as EngineRequest
@@ -50,6 +67,9 @@ log = logging.getLogger(__name__)
 STREAM_INTERVAL_S = 0.02  # wall seconds between a streamed answer's chunks, at most (module doc)
 GC_YOUNG_OBJECTS = 20_000  # new tracked objects the loop lets accumulate before it collects them
 GC_FULL_EVERY_S = 300.0  # wall seconds between full collections
+CURRENT_TIMEOUT_S = 1.0  # wall seconds ``current`` waits for the engine to catch up with its clock
+
+T = TypeVar("T")
 
 
 class LiveEngine:
@@ -65,16 +85,17 @@ class LiveEngine:
         self.clock = clock
         self.wall0 = clock()
         self.sim0 = engine.now
-        self._kick = asyncio.Event()
-        self._watch: dict[
-            asyncio.Event, tuple[EngineRequest, bool]
-        ] = {}  # a waiter: its request, first token seen
+        self._wakeup: asyncio.Future[None] | None = None  # the loop's sleep (``_kick`` ends it)
+        # a waiter: its request, first token seen
+        self._watch: dict[asyncio.Future[None], tuple[EngineRequest, bool]] = {}
         self._task: asyncio.Task[None] | None = None
         # False: Python's automatic collection, anywhere in a step (a benchmark's baseline)
         self.gc_between_turns = gc_between_turns
         self._gc_was_enabled = True
         self._gc_full_at = 0.0
         self._pending: collections.deque[EngineRequest] = collections.deque()  # arrived ahead of the engine
+        # ``current`` callers: run at the loop's next moment the engine is not ahead of its clock
+        self._current: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
         self.sessions: dict[str, float] = {}  # X-Session-Id -> last seen (sim time)
         self.session_idle_s = 300.0
 
@@ -108,6 +129,35 @@ class LiveEngine:
         elif gc.get_count()[0] >= GC_YOUNG_OBJECTS:
             gc.collect(1)
 
+    def caught_up(self) -> bool:
+        """No step of the engine ends after its clock: its statistics hold only what has happened."""
+        return self.engine.now <= self.sim_now()
+
+    async def current(self, read: Callable[[], T], timeout: float = CURRENT_TIMEOUT_S) -> T:
+        """``read()`` at the loop's next moment the engine is not ahead of its clock (module doc).
+
+        At once when it is not (idle, or behind). A loop that is not running, or that is not caught up
+        within ``timeout`` wall seconds, gets ``read()`` as it stands: a scrape is never lost."""
+        if self._task is None or self._task.done() or self.caught_up():
+            return read()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._current.append((read, future))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)  # type: ignore[no-any-return]
+        except TimeoutError:
+            future.cancel()
+            return read()
+
+    def _serve_current(self) -> None:
+        waiting, self._current = self._current, []
+        for read, future in waiting:
+            if future.done():
+                continue
+            try:
+                future.set_result(read())
+            except Exception as exc:  # noqa: BLE001 - the caller's to handle, not the loop's
+                future.set_exception(exc)
+
     def submit(self, req: EngineRequest) -> None:
         now = self.sim_now()
         self.engine.check_request(req)
@@ -118,7 +168,12 @@ class LiveEngine:
             self.engine.add_request(req)
         else:  # the engine is behind its clock: the request joins when the engine reaches its arrival
             self._pending.append(req)
-        self._kick.set()
+        self._kick()
+
+    def _kick(self) -> None:
+        """End the loop's sleep: something arrived or was aborted."""
+        if self._wakeup is not None:
+            _release(self._wakeup)
 
     def _admit_arrived(self) -> None:
         while self._pending and self._pending[0].arrival <= self.engine.now:
@@ -129,7 +184,7 @@ class LiveEngine:
             self._pending.remove(req)
             self.engine.add_request(req)
         self.engine.abort(req)
-        self._kick.set()  # its waiter wakes at the loop's next turn
+        self._kick()  # its waiter wakes at the loop's next turn
 
     def touch_session(self, session_id: str | None, end: bool) -> None:
         if not session_id:
@@ -159,18 +214,20 @@ class LiveEngine:
         """Until ``req`` is ``due`` (the loop wakes this waiter alone) or ``timeout`` wall seconds pass."""
         if self.due(req, first_seen):
             return
-        event = asyncio.Event()
-        self._watch[event] = (req, first_seen)
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        self._watch[woken] = (req, first_seen)
+        timer = loop.call_later(timeout, _release, woken)
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+            await woken
         finally:
-            del self._watch[event]
+            timer.cancel()
+            del self._watch[woken]
 
     def _wake_due(self) -> None:
-        for event, (req, first_seen) in list(self._watch.items()):
+        for woken, (req, first_seen) in list(self._watch.items()):
             if self.due(req, first_seen):
-                event.set()
+                _release(woken)
 
     def advance(self) -> None:
         """Run the engine up to the current simulated time, each arrival joining when the engine reaches it."""
@@ -186,6 +243,8 @@ class LiveEngine:
     async def _loop(self) -> None:
         engine = self.engine
         while True:
+            if self._current and self.caught_up():
+                self._serve_current()  # before the next step runs ahead of the clock
             try:
                 self.advance()
             except Exception:  # noqa: BLE001 - the engine loop must survive a bad request
@@ -201,9 +260,14 @@ class LiveEngine:
                 await asyncio.sleep(0)
                 continue
             delay = min(0.02, ahead) if ahead > 0 else 0.02  # the step's end, or idle: the next arrival
-            self._kick.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), max(delay, 0.001))
+            loop = asyncio.get_running_loop()
+            self._wakeup = loop.create_future()
+            timer = loop.call_later(max(delay, 0.001), _release, self._wakeup)
+            try:
+                await self._wakeup
+            finally:
+                timer.cancel()
+                self._wakeup = None
 
     async def wait_done(self, req: EngineRequest) -> bool:
         """Wait until ``req`` finished and its finish time has come; False when it was aborted."""
@@ -213,3 +277,9 @@ class LiveEngine:
             if req.status == FINISHED and self.sim_now() >= (req.finish_time or 0.0):
                 return True
             await self.wait_change(req, first_seen=True, timeout=0.25)
+
+
+def _release(future: asyncio.Future[None]) -> None:
+    """Wake whoever awaits ``future`` (a waiter, or the loop's sleep), unless it is already woken."""
+    if not future.done():
+        future.set_result(None)

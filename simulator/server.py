@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -126,7 +127,11 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        live: LiveEngine | None = state.get("live")
+        render = functools.partial(generate_latest, registry)
+        # read when no step runs ahead of the clock: only what has happened (simulator.live_engine)
+        text = render() if live is None else await live.current(render)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     def model_card() -> dict[str, Any]:
         return {

@@ -381,8 +381,12 @@ def test_preemption_shows_on_the_engine_page_and_stays_out_of_the_hit_counters(
 def test_simulator_fit_times_the_real_engine_by_its_own_clock(real_engine, tmp_path):
     """``simulator fit --quick`` against vLLM: every probe timed by the engine's prefill and decode
     histograms (one request each across two readings of /metrics), inside the wall time of its answer,
-    and a cost model with every term positive and the engine's pool. (The fitted line misses the real CPU
-    engine's small prefills by up to a third, e.g. 53 ms against 41 ms at 543 tokens: not asserted.)"""
+    and a cost model with the engine's pool, a positive step overhead and prefill cost, no negative term,
+    and decode steps within a quarter of what it measured. (The fitted line misses the real CPU engine's
+    small prefills by up to a third, e.g. 53 ms against 41 ms at 543 tokens: not asserted. The decode
+    step's growth with context is not asserted either: on the tiny model at 2 cores the quick probes
+    measured 4.8, 8.3 and 6.7 ms at 1.2K x 1, 1.2K x 4 and 4.3K x 1 tokens in one run, and 4.6, 4.5 and
+    4.4 ms in another, whose fit left ``decode_per_ctx_token_s`` at 0.)"""
     out = tmp_path / "fit.json"
     done = subprocess.run(
         [PYTHON, "-m", "simulator", "fit", "--engine", real_engine.url, "--out", str(out), "--quick"],
@@ -398,4 +402,8 @@ def test_simulator_fit_times_the_real_engine_by_its_own_clock(real_engine, tmp_p
     assert all(d["engine_step_s"] > 0 for d in fit["decodes"])
     s = {k: float(v) for k, v in fit["set"].items()}
     assert s["pool_tokens"] == POOL_TOKENS
-    assert s["step_overhead_s"] > 0 and s["prefill_per_token_s"] > 0 and s["decode_per_ctx_token_s"] > 0
+    assert s["step_overhead_s"] > 0 and s["prefill_per_token_s"] > 0
+    assert s["prefill_attention_s"] >= 0 and s["decode_per_ctx_token_s"] >= 0
+    assert all(
+        abs(r["fitted_s"] - r["measured_s"]) <= 0.25 * r["measured_s"] for r in fit["decode_residuals"]
+    )

@@ -159,3 +159,45 @@ def test_with_automatic_collection_the_loop_leaves_the_collector_alone() -> None
             await live.stop()
 
     assert asyncio.run(scenario()) and gc.isenabled()
+
+
+def test_a_read_through_current_waits_until_no_step_runs_ahead_of_the_clock() -> None:
+    import asyncio
+
+    async def scenario() -> tuple[int, float, float, int, float]:
+        live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=100.0)
+        engine = live.engine
+        # one prefill step of about 2 simulated s (20 ms wall): it finishes the request
+        req = request("one", 2000, 1, c=content("one"))
+        live.start()
+        try:
+            live.submit(req)
+            await asyncio.sleep(0.002)  # the loop ran the step: the engine is ahead of its clock
+            ahead_finished, ahead_at, step_end = engine.stats.finished, live.sim_now(), engine.now
+            finished, at = await live.current(lambda: (engine.stats.finished, live.sim_now()))
+            return ahead_finished, ahead_at, step_end, finished, at
+        finally:
+            await live.stop()
+
+    ahead_finished, ahead_at, step_end, finished, at = asyncio.run(scenario())
+    assert ahead_finished == 1 and ahead_at < step_end  # counted before it happened, read directly
+    assert finished == 1 and at >= step_end  # read through current: only once it has happened
+
+
+def test_current_reads_at_once_without_a_running_loop_or_once_its_wait_runs_out() -> None:
+    import asyncio
+
+    async def scenario() -> tuple[float, float]:
+        clock = Clock()
+        live = LiveEngine(Engine(EngineConfig(pool_tokens=16 * 4096), COST), speed=10.0, clock=clock)
+        idle = await live.current(lambda: 1.0)  # no loop: read as it stands
+        live.submit(request("one", 2000, 1, c=content("one")))
+        live.advance()  # ahead of a clock that never moves: never caught up
+        live.start()
+        try:
+            stale = await live.current(lambda: 2.0, timeout=0.05)
+        finally:
+            await live.stop()
+        return idle, stale
+
+    assert asyncio.run(scenario()) == (1.0, 2.0)
