@@ -29,7 +29,8 @@ and the simulated one's did not. Automatic collection paused it for 3-11 ms thre
 for 115-150 ms every 5-7 s; its loop, behind its clock at 96% of its turns, slept 20 ms there; and it
 woke every waiter on every step. ``bench/bench_live_engine.py``: 14.0 ms a turn outside the engine's
 clock with collection between the loop's turns, 24.5 ms with Python's own (docs/dashboard.md,
-"Validation", "Session 11").
+"Validation", "Session 11"); 3.5 against 5.5 ms in session 14 (3.0 and 6.0 in single runs before
+the two changes below: at the bench's 13 sessions they change nothing it can resolve).
 
 **Read only what has happened** (`LiveEngine.current`). A step is run whole when it begins, so the
 engine's statistics count its finishes and tokens up to one step before the clock reaches them (77 ms
