@@ -23,7 +23,7 @@ import httpx
 
 from collectors import checks as check
 from collectors.config import EngineTarget
-from collectors.scrape_http import ScrapeError, fetch_text
+from collectors.scrape_http import ScrapeError, fetch_page
 from core import engine_metrics as em
 from core import signals as sig
 
@@ -102,10 +102,14 @@ class EngineScraper:
 
     def scrape(self, client: httpx.Client) -> ScrapeOutcome:
         started = time.perf_counter()
-        ts = self.clock()
+        ts = self.clock()  # a failure's time; a page's is when the engine answered (`scrape_http`)
         try:
-            text = fetch_text(
-                client, self.url + "/metrics", timeout_s=self.timeout_s, max_bytes=self.max_page_bytes
+            text, ts = fetch_page(
+                client,
+                self.url + "/metrics",
+                timeout_s=self.timeout_s,
+                max_bytes=self.max_page_bytes,
+                clock=self.clock,
             )
             page = em.parse_engine_metrics(text, self.target.kind)
             if not page.engines:

@@ -70,7 +70,14 @@ collectors stored into the inputs of ``simulator.forecast_run.run_forecast``:
       overhead = sum_i (sum of latency_s in i - n_i * e2e_mean_i) / sum_i n_i
 
   over the intervals with both (robust to a turn the scrape boundary moves into
-  the next interval). Without any ``e2e_mean`` (an engine
+  the next interval). An interval ends at its sample's ``ts``, which the
+  collectors stamp when the engine answered (``collectors.scrape_http``): the
+  boundary must be the engine's read. Stamped when the request left (up to a
+  simulated step, ~75 ms, earlier in the collapse demo), each interval took
+  turns that finished before the engine's, and so were shorter by that offset
+  times the turns' rise in latency (0.06 s a second there): the estimate came
+  out 0-6 ms against the 5-7 ms measured (docs/dashboard.md, "Session 15").
+  Without any ``e2e_mean`` (an engine
   without the histogram's ``_sum``, or rows recorded before the collectors kept
   it) it falls back to ``e2e_p50``: the median over the intervals of the
   turns' median ``latency_s`` minus ``e2e_p50``. That one is coarse: a

@@ -38,7 +38,10 @@ the minutes after it (exact means, from the engine's histogram sum and count): w
 also runs the preview's inputs with the simulated engine's own cost model (``simulator.config.CostModel``
 at ``--speed``, in wall seconds): the same sessions and draws on the real engine's costs, so
 ``truth_speed_ratio`` (the preview's turns/s over that run's) says how much too fast or slow the
-estimated cost model is, apart from everything else.
+estimated cost model is, apart from everything else. ``parked_lead_s`` (`parked_lead_s`) says by how many
+seconds the preview's parked count ran ahead of the live one over the second half of the minutes after
+the switch: where the backlog drains ~1 session a second, it turns a count off by a few sessions into the
+timing error behind it.
 Prints one JSON object per seed and a summary line; exits 1 when a seed misses the tolerance, 2 when
 the system could not be run.
 """
@@ -55,6 +58,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +84,43 @@ def within(preview: dict[str, Any], actual: dict[str, Any]) -> dict[str, bool]:
     )
     allowed = max(PARKED_MIN_SESSIONS, PARKED_TOLERANCE * actual["parked_end"])
     return {"r_t": bool(r_ok), "parked": abs(preview["parked_end"] - actual["parked_end"]) <= allowed}
+
+
+def parked_lead_s(
+    live: Sequence[tuple[float, int]],
+    preview: Sequence[int],
+    *,
+    from_s: float,
+    step_s: float = 0.25,
+    max_s: float = 20.0,
+) -> float | None:
+    """Seconds the preview's parked count runs ahead of what happened (negative: behind).
+
+    ``live``: (seconds after the switch, parked sessions); ``preview``: the preview's count once a second,
+    the i-th at i + 1 s. The lead is the ``d`` (a multiple of ``step_s``, up to ``max_s`` either way, the
+    smallest first on a tie) for which the preview at ``t - d`` matches the live count at ``t`` best, in
+    least squares over the live samples at ``from_s`` or later (where the preview has a value). At +5
+    minutes the backlog drains ~1 session a second, so a few seconds of lead decide the parked tolerance
+    of ``within``; this says how many. None without a sample to compare.
+    """
+    n = len(preview)
+
+    def at(t: float) -> float | None:  # the preview at t seconds, linear between its seconds
+        if not 1.0 <= t <= n:
+            return None
+        i = int(t) - 1  # preview[i] is at i + 1 s
+        return float(preview[i]) if i == n - 1 else preview[i] + (preview[i + 1] - preview[i]) * (t - i - 1)
+
+    best: tuple[float, float] | None = None
+    steps = round(max_s / step_s)
+    for k in sorted(range(-steps, steps + 1), key=abs):
+        d = k * step_s
+        errors = [
+            (v - live_count) ** 2 for t, live_count in live if t >= from_s and (v := at(t - d)) is not None
+        ]
+        if errors and (best is None or sum(errors) / len(errors) < best[1]):
+            best = (d, sum(errors) / len(errors))
+    return None if best is None else best[0]
 
 
 def turns_between(sidecar: str, token: str, start: float, end: float) -> list[dict[str, Any]]:
@@ -184,19 +225,24 @@ def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, A
     )
     if job is None:
         raise RuntimeError(f"no forecast: {note}")
-    return job, {"state_age_s": round(time.time() - side["ts"], 1), "note": note}
+    return job, {"state_age_s": round(time.time() - side["ts"], 1), "state_ts": side["ts"], "note": note}
 
 
-def _keep(data_dir: Path, job: Any, parked_seen: list[int]) -> None:
+def _keep(data_dir: Path, job: Any, parked_seen: list[int], parked_at: list[float]) -> None:
     """The preview's inputs (``forecast-inputs.pickle``, to run it again offline with
-    ``simulator.forecast_run.run_forecast``) and the parked series, live every 2 s and previewed every
-    second (``parked.json``), in the seed's data directory."""
+    ``simulator.forecast_run.run_forecast``) and the parked series, live every 2 s (``live_at_s``: when,
+    in seconds after the switch) and previewed every second (``parked.json``), in the seed's data
+    directory."""
     import pickle
 
     (data_dir / "forecast-inputs.pickle").write_bytes(
         pickle.dumps((job.inputs, job.configs, job.minutes, job.seed))
     )
-    series = {"live_every_2s": parked_seen, "preview_every_1s": job.results[1]["series"]["parked"]}
+    series = {
+        "live_every_2s": parked_seen,
+        "live_at_s": parked_at,
+        "preview_every_1s": job.results[1]["series"]["parked"],
+    }
     (data_dir / "parked.json").write_text(json.dumps(series))
 
 
@@ -280,14 +326,16 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
         at_switch = e2e_totals(engine)
         switched = time.time()
         set_control_mode(sidecar, token, MODE)
-        parked_seen = []
+        parked_seen, parked_at = [], []
         while time.time() - switched < args.after * 60:
             time.sleep(2)
             parked_seen.append(_parked(sidecar))
+            parked_at.append(round(time.time() - switched, 2))
             if (lag := _lag(engine)) is not None:
                 lags.append(lag)
         end = switched + args.after * 60
         parked_end = _parked(sidecar)
+        parked_end_at = round(time.time() - switched, 2)
         at_end = e2e_totals(engine)
         ended = time.time()
         turns = turns_between(sidecar, token, switched, end)
@@ -308,7 +356,7 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             if j.error:
                 raise RuntimeError(f"the forecast failed: {j.error}")
         cur, prop = (r["summary"] for r in job.results)
-        _keep(data_dir, job, parked_seen)
+        _keep(data_dir, job, parked_seen, parked_at)
         actual = {
             "r_t": actual_r_t(turns),
             "turns_per_s": round(len(turns) / (args.after * 60), 3),
@@ -338,6 +386,11 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             "preview_draws": job.draws,
             "preview_range": {k: spread[k] for k in ("r_t", "turns_per_s", "parked_end") if k in spread},
             "preview_off": {k: cur[k] for k in ("r_t", "turns_per_s", "parked_end")},
+            "parked_lead_s": parked_lead_s(
+                [*zip(parked_at, parked_seen, strict=True), (parked_end_at, parked_end)],
+                job.results[1]["series"]["parked"],
+                from_s=args.after * 30,
+            ),
             "actual": actual,
             "within": within(predicted, actual),
             "forecast_wall_s": round(job.finished - job.started, 2),
@@ -351,6 +404,8 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
             "latency_outside_s": outside,
             **truth,
             "engine_lag_max_s": max(lags, default=None),
+            # the preview starts from the state the collectors recorded; the live switch comes this much later
+            "switch_after_state_s": round(switched - info.pop("state_ts"), 2),
             **info,
         }
     finally:

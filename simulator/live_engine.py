@@ -215,14 +215,11 @@ class LiveEngine:
         """Until ``req`` is ``due`` (the loop wakes this waiter alone) or ``timeout`` wall seconds pass."""
         if self.due(req, first_seen):
             return
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._watch[woken] = (req, first_seen)
-        timer = loop.call_later(timeout, _release, woken)
         try:
-            await woken
+            await _await_at_most(woken, timeout)
         finally:
-            timer.cancel()
             del self._watch[woken]
 
     def _wake_due(self) -> None:
@@ -261,13 +258,10 @@ class LiveEngine:
                 await asyncio.sleep(0)
                 continue
             delay = min(0.02, ahead) if ahead > 0 else 0.02  # the step's end, or idle: the next arrival
-            loop = asyncio.get_running_loop()
-            self._wakeup = loop.create_future()
-            timer = loop.call_later(max(delay, 0.001), _release, self._wakeup)
+            self._wakeup = asyncio.get_running_loop().create_future()
             try:
-                await self._wakeup
+                await _await_at_most(self._wakeup, max(delay, 0.001))
             finally:
-                timer.cancel()
                 self._wakeup = None
 
     async def wait_done(self, req: EngineRequest) -> bool:
@@ -278,6 +272,16 @@ class LiveEngine:
             if req.status == FINISHED and self.sim_now() >= (req.finish_time or 0.0):
                 return True
             await self.wait_change(req, first_seen=True, timeout=0.25)
+
+
+async def _await_at_most(future: asyncio.Future[None], timeout: float) -> None:
+    """Await ``future`` until it is released, or a timer releases it after ``timeout`` wall seconds: one
+    turn of the loop from the release to the awaiting task (module doc, "One wake-up, not three")."""
+    timer = asyncio.get_running_loop().call_later(timeout, _release, future)
+    try:
+        await future
+    finally:
+        timer.cancel()
 
 
 def _release(future: asyncio.Future[None]) -> None:

@@ -43,6 +43,27 @@ def test_engine_scrape_of_the_vllm_fixture():
     assert out.process_start_ts == 1.79593527806e09
 
 
+def test_an_engine_sample_is_stamped_when_the_engine_answered():
+    """Not when the request left: an engine that reads its counters late (a simulated one waits for its
+    step, up to ~75 ms) would have its interval paired with turns recorded that much earlier."""
+    clock = FakeClock(1000.0)
+
+    def slow(request):
+        clock.advance(0.075)  # the engine reads its counters, and answers
+        return httpx.Response(200, text=VLLM)
+
+    out = engine_scraper(clock).scrape(client_for(slow))
+    assert out.ok and out.ts == 1000.075
+    clock.advance(1.0)
+
+    def refused(request):
+        clock.advance(0.5)
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    failed = engine_scraper(clock).scrape(client_for(refused))
+    assert not failed.ok and failed.ts == 1001.075  # no answer: the time the scrape began
+
+
 def _raise(exc):
     def handler(request):
         raise exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from simulator.forecast_validate import actual_r_t, within
+from simulator.forecast_validate import actual_r_t, parked_lead_s, within
 
 
 def test_r_t_within_a_tenth_and_parked_within_30_percent_or_3_sessions() -> None:
@@ -63,3 +63,22 @@ def test_the_truth_run_is_the_same_preview_on_the_simulated_engines_own_cost_mod
         k: on_truth[k] for k in ("r_t", "turns_per_s", "parked_end", "p95_turn_latency_s")
     }
     assert out["truth_speed_ratio"] == round(est["summary"]["turns_per_s"] / on_truth["turns_per_s"], 3) < 1
+
+
+def test_parked_lead_is_the_shift_that_matches_the_preview_to_what_happened() -> None:
+    drain = [max(0, 300 - t) for t in range(1, 301)]  # one session a second, 0 at 300 s
+    live = [(t, max(0, 300 - t)) for t in range(2, 301, 2)]
+    assert parked_lead_s(live, drain, from_s=150) == 0.0
+    # the preview drains 3 s early: at t it shows what happened at t + 3
+    early = [max(0, 297 - t) for t in range(1, 301)]
+    assert parked_lead_s(live, early, from_s=150) == 3.0
+    late = [max(0, 301.5 - t) for t in range(1, 301)]
+    assert parked_lead_s(live, late, from_s=150) == -1.5
+    # between the preview's seconds: interpolated; only samples from `from_s` on count
+    live_half = [(151.0, 149), (200.5, 99.5), (10.0, 0)]
+    assert parked_lead_s(live_half, drain, from_s=150) == 0.0
+    # no sample to compare, or no preview
+    assert parked_lead_s([(10.0, 5)], drain, from_s=150) is None
+    assert parked_lead_s(live, [], from_s=150) is None
+    # a flat stretch matches every shift alike: the smallest wins
+    assert parked_lead_s([(200.0, 7), (250.0, 7)], [7] * 300, from_s=150) == 0.0
