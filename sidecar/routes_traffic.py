@@ -143,6 +143,11 @@ def router(sc: Sidecar) -> APIRouter:
             except httpx.HTTPError as exc:
                 cp.finish_turn(ticket, (None, None, None), False)
                 return engine.error(exc)
+            except BaseException:
+                # cancelled in flight (the sidecar stopping with the turn still at the engine): the trace
+                # keeps it, failed, and it no longer counts in flight (a stream's generator does the same)
+                cp.finish_turn(ticket, (None, None, None), False)
+                raise
             ok = response.status_code == 200
             usage = None
             if ok:

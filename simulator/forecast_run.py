@@ -15,7 +15,12 @@ only). The run:
   uncached. (Without the running batch, the preview of a collapsed engine's
   recovery started by prefilling again what the engine had: it parked 90
   sessions in its first 20 s where the live sidecar parked 138;
-  docs/dashboard.md, "Validation");
+  docs/dashboard.md, "Validation".) A running turn reports the cached tokens
+  its prompt's warm-up found, not the whole prompt its warm-up left cached:
+  an engine reports the prefix hits it found when it took the turn, before
+  t = 0 (in a collapse, little). Counted whole, the preview's turns finishing
+  in the first 30 s after the switch had 12.6-13.0k uncached tokens each
+  where the live ones had 14.7-15.3k (docs/dashboard.md, "Session 16");
 * *the running batch is part way through its answers*: the j-th oldest of
   its K turns has ``(j + 0.5) / K`` of its answer still to come at t = 0 (an
   engine's batch holds its turns at every stage; the oldest entered first),
@@ -96,6 +101,7 @@ class _Sess:
     forwarded_at: float = 0.0
     held: int | None = None  # prompt of a held turn
     answered: int = 0  # tokens of the turn in flight's answer the engine had produced before t = 0
+    found: int | None = None  # a running turn's cached count, as the engine found it before t = 0
     budget: int = 0  # the output budget its client declares to the budgeter
 
 
@@ -220,22 +226,24 @@ def run_forecast(
         for s in sorted(oldest_first, key=lambda s: (s.id in running, -running.get(s.id, 0)))
         if s.state == "admitted" and (s.context_tokens > 0 or s.id in running)  # a first turn: its prompt
     ]
+    warmed: dict[str, Request] = {}
     for s in warm:
         tokens = min(
             in_flight[s.id] if s.id in running else s.context_tokens, pool_tokens - inputs.engine.block_size
         )
-        engine.add_request(
-            Request(
-                id=f"warm-{s.id}",
-                content=contents[s.id],
-                prompt_tokens=max(1, tokens),
-                max_tokens=1,
-                arrival=0.0,
-                session=s.id,
-            )
+        warmed[s.id] = Request(
+            id=f"warm-{s.id}",
+            content=contents[s.id],
+            prompt_tokens=max(1, tokens),
+            max_tokens=1,
+            arrival=0.0,
+            session=s.id,
         )
+        engine.add_request(warmed[s.id])
     while engine.running or engine.waiting:
         engine.run_until(engine.now + 60.0)
+    # what the engine found cached when it took each running turn (its prompt's warm-up, before it)
+    found = {sid: warmed[sid].cached_tokens or 0 for sid in running if sid in warmed}
     t0 = engine.now
     end = t0 + horizon
 
@@ -249,6 +257,7 @@ def run_forecast(
         if sess.id in running:  # the j-th oldest of K running: (j + 0.5) / K of its answer still to come
             left = max(1, min(out, round(out * (running.pop(sess.id) + 0.5) / batch)))
             sess.answered, out = out - left, left
+            sess.found = found.get(sess.id)
         sess.forwarded_at = now
         engine.add_request(
             Request(
@@ -282,13 +291,10 @@ def run_forecast(
 
     def delivered(now: float, req: Request) -> None:
         sess: _Sess = req.tag  # type: ignore[assignment]
+        cached = req.cached_tokens if sess.found is None else sess.found  # a running turn: as it was taken
+        sess.found = None
         if now <= t0 + horizon:
-            acc.add(
-                now - t0,
-                req.prompt_tokens,
-                min(req.cached_tokens or 0, req.prompt_tokens),
-                now - sess.gated_at,
-            )
+            acc.add(now - t0, req.prompt_tokens, min(cached or 0, req.prompt_tokens), now - sess.gated_at)
         output, sess.answered = req.output + sess.answered, 0
         budgeter.turn_finished(sess.id, now, req.prompt_tokens, output, latency_s=now - sess.forwarded_at)
         sess.context = req.prompt_tokens + output

@@ -10,7 +10,8 @@ For each seed, on loopback ports of its own:
    (``dashboard.forecast_view.start``: the collectors' database only, no fit file unless ``--fit`` or
    ``--fit-engine``; as on the page, the median of ``simulator.forecast_draws.draws_for`` draws, their
    range reported as ``preview_range``)
-   for ``--after`` minutes, and at once applies ``budgeter-park`` for real through the sidecar's
+   for ``--after`` minutes, from the collectors' next sample of the sidecar's state (not their latest,
+   up to their interval old), and at once applies ``budgeter-park`` for real through the sidecar's
    authenticated control API (``PUT /control/budgeter``, recorded in its audit log). The preview's
    inputs are read from the database at that moment; its draws run once the live minutes are over
    (``Job.start``): the same answer, computed from the same inputs and seed, but not on the two cores
@@ -71,6 +72,7 @@ PARKED_TOLERANCE = 0.30
 PARKED_MIN_SESSIONS = 3
 MODE = "budgeter-park"
 OUTSIDE_WINDOW_S = 60.0  # the span before the switch over which ``latency_outside`` is measured
+FRESH_STATE_WAIT_S = 3.0  # at most this long for the collectors' next sample of the sidecar (1 s apart)
 # Alembic's migration context is process-global: seeds run at once migrate their databases one at a time
 _MIGRATING = threading.Lock()
 
@@ -198,16 +200,34 @@ def _parked(sidecar: str) -> int:
     return int(httpx.get(f"{sidecar}/state", timeout=10).json()["backlog"]["parked"])
 
 
-def preview(url: str, minutes: float, fit: str | None) -> tuple[Any, dict[str, Any]]:
+def _next_sample(url: str, sidecar_id: int, timeout: float = FRESH_STATE_WAIT_S) -> dict[str, Any]:
+    """The sidecar's state as the collectors record it next (polled every 50 ms, at most ``timeout``
+    seconds; then the latest): a preview taken from it starts from a state a few ms old, not up to
+    the collectors' interval."""
+    from dashboard import data
+
+    data.clear_caches()
+    side = data.sidecar_states(url)[sidecar_id]
+    deadline, seen = time.monotonic() + timeout, side["ts"]
+    while side["ts"] <= seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+        data.clear_caches()
+        side = data.sidecar_states(url)[sidecar_id]
+    return side
+
+
+def preview(url: str, minutes: float, fit: str | None, *, fresh: bool = False) -> tuple[Any, dict[str, Any]]:
     """The Budgeter page's forecast job for ``budgeter-park`` from the collectors' database, its inputs read
-    now and its draws not yet run (``Job.start``, once the live minutes are over: module doc)."""
+    now and its draws not yet run (``Job.start``, once the live minutes are over: module doc). ``fresh``:
+    from the collectors' next sample of the sidecar's state (``_next_sample``), not their latest."""
     from dashboard import data, forecast_view
     from dashboard import preview as pv
     from dashboard.settings import Settings
 
     data.clear_caches()
     ref = next(r for r in data.engines(url) if r.sidecar_target_id is not None)
-    side = data.sidecar_states(url)[ref.sidecar_target_id]
+    sid = ref.sidecar_target_id
+    side = _next_sample(url, sid) if fresh else data.sidecar_states(url)[sid]
     state = side["state"].get("budgeter") or {}
     sessions = data.sessions(url, (ref.sidecar_target_id,))
     current = pv.current_config(state)
@@ -320,9 +340,12 @@ def validate_seed(seed: int, args: argparse.Namespace, ports: tuple[int, int]) -
         # each latency_outside pairs the turns and the engine's totals of one span: the previews take
         # seconds, and a collapsed turn finishing between two readings moves a mean by hundreds of ms
         previewed = (time.time(), e2e_totals(engine))
-        job, info = preview(url, args.after, fit)
-        # with a fit, the preview without one too (the same database, a moment later): what the fit changes
+        # with a fit, the preview without one too (the same database, a moment earlier): what the fit changes
         plain = preview(url, args.after, None)[0] if fit else None
+        # the compared preview last, from a state sampled just now, and the switch at once: each second
+        # between the two is a second of collapse the live run drains and the preview does not (~0.4
+        # sessions), where the count at the end drains ~0.8 a second (docs/dashboard.md, "Session 16")
+        job, info = preview(url, args.after, fit, fresh=True)
         at_switch = e2e_totals(engine)
         switched = time.time()
         set_control_mode(sidecar, token, MODE)

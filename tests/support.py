@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -139,12 +140,15 @@ def running(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     expect_text: str | None = None,
+    log_dir: Path | None = None,
 ) -> Iterator[subprocess.Popen]:
     """Start `cmd` in its own process group, wait until `ready_url` answers, stop it on exit.
 
     The process's stdout and stderr go to a temporary log; when start-up fails
     or the body raises, the tail of that log is attached to the error so the
-    cause is visible in the test report.
+    cause is visible in the test report. ``log_dir``: where the process writes
+    its own children's logs (the demo's services); each ``*.log`` there has
+    its tail attached too.
     """
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -172,9 +176,31 @@ def running(
             log.flush()
             tail = Path(log.name).read_text(errors="replace")[-4000:]
             exc.add_note(f"--- last output of {name} ({' '.join(cmd)}) ---\n{tail}")
+            for child_log in sorted(log_dir.glob("*.log")) if log_dir is not None else ():
+                exc.add_note(f"--- last output of {child_log} ---\n{_tail(child_log)}")
             raise
         finally:
             _stop(proc)
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    """The end of a log, its lines of HTTP access records left out (they bury what went wrong)."""
+    lines = path.read_text(errors="replace").splitlines()
+    kept = [line for line in lines if not re.search(r'" \d{3}( [A-Za-z ]+)?$', line)]
+    return "\n".join(kept)[-chars:]
+
+
+class NotYet:
+    """A ``wait_for`` predicate's "not yet" that says how far it got: falsy, and shown in the time-out."""
+
+    def __init__(self, seen: object) -> None:
+        self.seen = seen
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"not yet: {self.seen!r}"
 
 
 def read_log(proc: subprocess.Popen) -> str:

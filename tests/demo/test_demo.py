@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -12,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.support import PYTHON, free_port, read_log, running, wait_for
+from tests.support import PYTHON, NotYet, free_port, read_log, running, wait_for
 
 # A process still starting answers with connection errors or half-filled documents: not yet, not a failure.
 TOLERATE = (httpx.HTTPError, ValueError, KeyError)
@@ -44,7 +45,7 @@ def test_demo_brings_up_everything_with_traffic_and_stops_on_sigterm(tmp_path):
         "8",
     ]
     env = {"PREFIXOPS_OPERATOR_TOKEN": ""}
-    with running(cmd, name="demo", env=env) as proc:
+    with running(cmd, name="demo", env=env, log_dir=tmp_path / "logs") as proc:
         wait_for(
             lambda: "PrefixOps is up." in read_log(proc),
             150,
@@ -120,11 +121,14 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
         str(tmp_path),
         "--speed",
         "10",
+        # a fresh seed each run, as the demo's own default, but named in the command a failure reports
+        "--seed",
+        str(random.randrange(1, 10_000)),
     ]
     env = {"PREFIXOPS_OPERATOR_TOKEN": token}
     sidecar = f"http://127.0.0.1:{ports['sidecar']}"
     auth = {"Authorization": f"Bearer {token}", "X-Actor": "test-operator"}
-    with running(cmd, name="demo-collapse", env=env) as proc:
+    with running(cmd, name="demo-collapse", env=env, log_dir=tmp_path / "logs") as proc:
         wait_for(
             lambda: "PrefixOps is up." in read_log(proc),
             150,
@@ -140,13 +144,15 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
 
         def collapsed():
             state = httpx.get(f"{sidecar}/state", timeout=5).json()
-            reuse = state["reuse"]
-            if reuse["token_weighted"] is None or reuse["request_weighted"] is None:
-                return False
+            reuse, budgeter = state["reuse"], state["budgeter"]
             # the two hit rates diverge: R_r stays high while R_t collapses
-            return reuse["token_weighted"] <= 0.3 and reuse["request_weighted"] >= 0.9 and state
+            if (reuse["token_weighted"] or 1.0) <= 0.3 and (reuse["request_weighted"] or 0.0) >= 0.9:
+                return state
+            keys = ("token_weighted", "request_weighted", "turns", "regime")
+            return NotYet({**{k: reuse.get(k) for k in keys}, "demand": budgeter.get("demand_fraction")})
 
-        state = wait_for(collapsed, 240, "the engine did not collapse after the burst", tolerate=TOLERATE)
+        # it collapses ~2 minutes after the start on 2 cores, also with both busy (session 16)
+        state = wait_for(collapsed, 360, "the engine did not collapse after the burst", tolerate=TOLERATE)
         assert state["budgeter"]["mode"] == "off"
         assert state["budgeter"]["demand_fraction"] > 1.0  # admitted demand past the pool
 
@@ -164,8 +170,10 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
         assert response.status_code == 200, response.text
 
         def recovered():
-            state = httpx.get(f"{sidecar}/state", timeout=5).json()
-            return (state["reuse"]["token_weighted"] or 0) >= 0.8
+            reuse = httpx.get(f"{sidecar}/state", timeout=5).json()["reuse"]
+            return (reuse["token_weighted"] or 0) >= 0.8 or NotYet(
+                {"token_weighted": reuse["token_weighted"]}
+            )
 
         wait_for(recovered, 180, "budgeter-park did not bring the hit rate back", tolerate=TOLERATE)
         os.kill(proc.pid, signal.SIGTERM)

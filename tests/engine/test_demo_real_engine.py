@@ -47,7 +47,7 @@ def test_the_real_engine_demo_starts_and_serves_traffic(real_engine, tmp_path):
         "DATABASE_URL": "",
     }
     sidecar = f"http://127.0.0.1:{ports['sidecar']}"
-    with running(cmd, name="demo-vllm", env=env) as proc:
+    with running(cmd, name="demo-vllm", env=env, log_dir=tmp_path / "logs") as proc:
         wait_for(lambda: "PrefixOps is up." in read_log(proc), 300, "the real-engine demo did not come up")
         banner = read_log(proc)
         assert re.search(rf"engine\s+{re.escape(real_engine.url)}\s+\(real vLLM, already running", banner), (

@@ -93,3 +93,25 @@ def test_a_store_that_cannot_be_written_keeps_the_buffer(tmp_path: Path) -> None
     log.flush(3.0)
     assert log.buffer == [] and [t["session"] for t in log.page()["turns"]] == ["s"]
     store.close()
+
+
+async def test_a_turn_cancelled_at_the_engine_is_recorded_failed_and_leaves_nothing_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The sidecar stopping with a non-streamed turn still at the engine (uvicorn cancels what outlives
+    its graceful shutdown): the trace keeps the turn, failed, as a broken stream's is."""
+    async with sidecar(tmp_path, pool_tokens=100_000) as h:
+
+        async def held_at_the_engine() -> None:
+            await h.chat("s1", headers={"x-stub-wait-for": "never"})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(held_at_the_engine)
+            await settle(lambda: h.cp.in_flight == 1, "the turn at the engine")
+            tg.cancel_scope.cancel()
+        assert h.cp.in_flight == 0
+        turns = (await h.client.get("/turns", headers=OP_HEADERS)).json()["turns"]
+        assert [(t["session"], t["outcome"], t["completion_tokens"]) for t in turns] == [
+            ("s1", "error", None)
+        ]
+        assert (await h.client.get("/sessions/s1")).json()["failed_turns"] == 1

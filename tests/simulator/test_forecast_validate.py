@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from simulator import forecast_validate
 from simulator.forecast_validate import actual_r_t, parked_lead_s, within
 
 
@@ -82,3 +83,17 @@ def test_parked_lead_is_the_shift_that_matches_the_preview_to_what_happened() ->
     assert parked_lead_s(live, [], from_s=150) is None
     # a flat stretch matches every shift alike: the smallest wins
     assert parked_lead_s([(200.0, 7), (250.0, 7)], [7] * 300, from_s=150) == 0.0
+
+
+def test_the_preview_starts_from_the_collectors_next_sample_not_their_latest(monkeypatch) -> None:
+    from dashboard import data
+
+    samples = iter([{"ts": 100.0}, {"ts": 100.0}, {"ts": 100.0}, {"ts": 101.0, "fresh": True}])
+    monkeypatch.setattr(data, "clear_caches", lambda: None)
+    monkeypatch.setattr(data, "sidecar_states", lambda url: {7: next(samples)})
+    monkeypatch.setattr(forecast_validate.time, "sleep", lambda s: None)
+    assert forecast_validate._next_sample("sqlite://", 7) == {"ts": 101.0, "fresh": True}
+
+    # no new sample within the wait: the latest one
+    monkeypatch.setattr(data, "sidecar_states", lambda url: {7: {"ts": 100.0}})
+    assert forecast_validate._next_sample("sqlite://", 7, timeout=0.01) == {"ts": 100.0}
