@@ -146,7 +146,8 @@ def test_collapse_scenario_collapses_live_and_budgeter_park_brings_it_back(tmp_p
             state = httpx.get(f"{sidecar}/state", timeout=5).json()
             reuse, budgeter = state["reuse"], state["budgeter"]
             # the two hit rates diverge: R_r stays high while R_t collapses
-            if (reuse["token_weighted"] or 1.0) <= 0.3 and (reuse["request_weighted"] or 0.0) >= 0.9:
+            r_t, r_r = reuse["token_weighted"], reuse["request_weighted"]
+            if r_t is not None and r_r is not None and r_t <= 0.3 and r_r >= 0.9:
                 return state
             keys = ("token_weighted", "request_weighted", "turns", "regime")
             return NotYet({**{k: reuse.get(k) for k in keys}, "demand": budgeter.get("demand_fraction")})
