@@ -242,8 +242,6 @@ def run_forecast(
         engine.add_request(warmed[s.id])
     while engine.running or engine.waiting:
         engine.run_until(engine.now + 60.0)
-    # what the engine found cached when it took each running turn (its prompt's warm-up, before it)
-    found = {sid: warmed[sid].cached_tokens or 0 for sid in running if sid in warmed}
     t0 = engine.now
     end = t0 + horizon
 
@@ -257,7 +255,8 @@ def run_forecast(
         if sess.id in running:  # the j-th oldest of K running: (j + 0.5) / K of its answer still to come
             left = max(1, min(out, round(out * (running.pop(sess.id) + 0.5) / batch)))
             sess.answered, out = out - left, left
-            sess.found = found.get(sess.id)
+            # what the engine found cached when it took the turn: its prompt's warm-up found it
+            sess.found = (warmed[sess.id].cached_tokens or 0) if sess.id in warmed else None
         sess.forwarded_at = now
         engine.add_request(
             Request(
