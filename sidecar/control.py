@@ -29,6 +29,7 @@ from typing import Any
 
 from core.budgeter import PARKED, SESSION_STATES, ConfigError, UnknownSession
 from core.compaction import CompactionPolicy, SubtreeTracker, WarmthConfig
+from core.prompt_estimate import PromptEstimator
 from core.reuse import LastTurns, RegimeConfig, RegimeDetector, TimeWindow, normalise_turn
 
 from .control_actions import Operator
@@ -66,6 +67,7 @@ class ControlPlane(Operator, TurnTracing):
         self.regime = RegimeDetector(regime_config)
         self.subtrees = SubtreeTracker(WarmthConfig(settings.warmth_window_s, settings.warmth_floor))
         self.compaction_policy = CompactionPolicy(settings.top_k_pinned)
+        self.prompts = PromptEstimator(settings.chars_per_token)
         self.extras: dict[str, SessionExtra] = {}
         self.ended: deque[dict[str, Any]] = deque(maxlen=settings.ended_keep)
         self.deferral: Deferral | None = None
@@ -203,6 +205,8 @@ class ControlPlane(Operator, TurnTracing):
             if now - self._usage_warned_at > 60:
                 self._usage_warned_at = now
                 log.warning("engine usage ignored (%d so far): %s", self.counters.usage_rejected, problem)
+        if ok and prompt is not None:  # the engine's count teaches the estimate of the next prompts
+            self.prompts.observe(ticket.session_id, ticket.prompt_chars, ticket.prompt_ids, prompt)
         if ok and prompt is None:
             # A success without usage (an engine that reports none): the turn counts, its cache use is
             # unknown, and the prompt size is the estimate.

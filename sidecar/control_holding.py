@@ -150,6 +150,7 @@ class Holding(Views):
         except UnknownSession:
             return None
         self.budgeter.end_session(session_id, now)
+        self.prompts.forget(session_id)
         self._park_ended(session_id, now, unparked=False)
         self._wake(session_id, "ended")
         extra = self.extras.pop(session_id, None) or SessionExtra()

@@ -15,6 +15,7 @@ from typing import Any
 
 from core.budgeter import Budgeter, BudgeterConfig, ConfigError
 from core.compaction import CompactionPolicy, SubtreeTracker
+from core.prompt_estimate import PromptEstimator
 from core.reuse import LastTurns, RegimeDetector, TimeWindow
 
 from .settings import Settings
@@ -148,6 +149,8 @@ class TurnTicket:
     subtree: str | None
     prompt_estimate: int
     output_budget: int | None
+    prompt_chars: int = 0  # the request's text characters (``openai_payload.prompt_size``)
+    prompt_ids: int = 0  # and its token ids
     end_session: bool = False
     request_id: str = ""
     started: float = 0.0
@@ -175,6 +178,7 @@ class PlaneState:
     regime: RegimeDetector
     subtrees: SubtreeTracker
     compaction_policy: CompactionPolicy
+    prompts: PromptEstimator
     extras: dict[str, SessionExtra]
     ended: deque[dict[str, Any]]
     deferral: Deferral | None

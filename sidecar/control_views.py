@@ -252,6 +252,8 @@ class Views(PlaneState):
                 "recent_latency_s": self.budgeter.recent_latency_s(),
                 "default_output_budget": cfg.default_output_budget,
                 "park_set": len(self.budgeter.park_set()),
+                "chars_per_token": round(self.prompts.chars_per_token(), 4),
+                "chars_per_token_source": "learned" if self.prompts.learned else "configured",
             },
             "backlog": {
                 "admitted": counts[ADMITTED],

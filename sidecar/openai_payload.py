@@ -1,8 +1,8 @@
 """Pure functions over OpenAI-shaped payloads: prompt-size estimate, output budget, subtree id,
 usage extraction and SSE re-framing. No I/O, no clock; unit-tested in tests/sidecar/test_openai_payload.py.
 
-- `estimate_prompt_tokens`: characters / ``chars_per_token`` (plus token-id prompts counted exactly),
-  the prompt's demand before the engine answers.
+- `prompt_size`: a request's text characters and token ids (counted exactly): what the sidecar knows of
+  its prompt before the engine answers (``core.prompt_estimate`` turns it into tokens).
 - `output_budget`: ``max_completion_tokens`` or ``max_tokens`` when a positive integer.
 - `subtree_of`: the ``X-Prefix-Id`` header, else ``sys-<hash>`` of the system/developer message.
 - `usage_numbers`: (prompt, cached or None when not reported, completion) from a usage object.
@@ -21,8 +21,8 @@ from typing import Any
 DONE = b"data: [DONE]"
 
 
-def estimate_prompt_tokens(payload: dict[str, Any], chars_per_token: float) -> int:
-    """Prompt size before the engine answers (for demand of the prompt in flight): characters / ratio."""
+def prompt_size(payload: dict[str, Any]) -> tuple[int, int]:
+    """(text characters, token ids) of a completion or chat payload's prompt."""
     chars = 0
     tokens = 0
     messages = payload.get("messages")
@@ -48,7 +48,7 @@ def estimate_prompt_tokens(payload: dict[str, Any], chars_per_token: float) -> i
                 tokens += 1
             elif isinstance(item, list):
                 tokens += len(item)
-    return tokens + math.ceil(chars / chars_per_token)
+    return chars, tokens
 
 
 def output_budget(payload: dict[str, Any]) -> int | None:

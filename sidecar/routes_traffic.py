@@ -19,7 +19,7 @@ from core.compaction import URGENCIES
 from .context import Sidecar
 from .control import HELD_STATUS, TurnRefused, TurnTicket
 from .errors import ApiError, error_body, error_response, json_safe
-from .openai_payload import SseReframer, estimate_prompt_tokens, output_budget, subtree_of, usage_numbers
+from .openai_payload import SseReframer, output_budget, prompt_size, subtree_of, usage_numbers
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +118,14 @@ def router(sc: Sidecar) -> APIRouter:
                 "include_usage": True,
             }
             body = json.dumps(payload).encode()
+        chars, ids = prompt_size(payload)
         ticket = TurnTicket(
             path=path,
             session_id=session_id,
             subtree=subtree_of(payload, headers.get("x-prefix-id")),
-            prompt_estimate=estimate_prompt_tokens(payload, settings.chars_per_token),
+            prompt_estimate=cp.prompts.estimate(session_id, chars, ids),
+            prompt_chars=chars,
+            prompt_ids=ids,
             output_budget=output_budget(payload),
             end_session=end_value is not None and end_value.strip().lower() in TRUE_VALUES,
             model=payload.get("model"),

@@ -112,6 +112,10 @@ class BudgeterDoc(Wire):
     recent_latency_s: float | None = None
     default_output_budget: int
     park_set: int
+    # what a prompt in flight is counted at: the engine's counts learned (``core.prompt_estimate``), or the
+    # configured ``chars_per_token`` before enough turns
+    chars_per_token: float | None = None
+    chars_per_token_source: Literal["learned", "configured"] | None = None
     projected_demand_tokens: int | None = None  # admitted sessions' demand projection_horizon_s ahead
     projected_demand_fraction: float | None = None
     projection_horizon_s: float | None = None

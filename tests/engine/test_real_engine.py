@@ -42,7 +42,8 @@ async def session(
     max_tokens: int = 8,
     extra: dict | None = None,
 ) -> list[dict]:
-    """One closed-loop agent session through the sidecar; returns each turn's usage."""
+    """One closed-loop agent session through the sidecar; returns each turn's usage, with the characters of
+    the request's messages (``request_chars``)."""
     messages = [{"role": "system", "content": system}, {"role": "user", "content": words(rng, first)}]
     usages = []
     for turn in range(turns):
@@ -62,7 +63,7 @@ async def session(
         )
         assert r.status_code == 200, f"{sid} turn {turn}: HTTP {r.status_code} {r.text[:300]}"
         body = r.json()
-        usages.append(body["usage"])
+        usages.append({**body["usage"], "request_chars": sum(len(m["content"] or "") for m in messages)})
         messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
         messages.append({"role": "user", "content": words(rng, growth)})
     return usages
@@ -160,6 +161,12 @@ def test_sidecar_rt_equals_the_engines_hit_ratio_over_100_turns(real_engine, sid
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     assert sidecar_rt == pytest.approx(cached / prompt, abs=1e-3)
     assert queries == prompt  # no preemption: each prompt token queried once
+    # the sidecar counts a prompt in flight at the characters per token the engine's tokenizer and chat
+    # template gave (core.prompt_estimate), not at a fixed 4
+    chars = sum(u["request_chars"] for u in usages)
+    assert state["budgeter"]["chars_per_token_source"] == "learned"
+    assert state["budgeter"]["chars_per_token"] == pytest.approx(chars / prompt, rel=1e-3)
+    print(f"chars per token: {chars / prompt:.3f} (the configured prior: 4.0)")
 
 
 def test_sidecar_pool_is_the_engines_kv_cache_size_tokens(real_engine, sidecar_factory):

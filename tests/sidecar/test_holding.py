@@ -358,6 +358,32 @@ async def test_demand_is_context_or_prompt_in_flight_plus_output_budget(tmp_path
         assert listed["pending_prompt_tokens"] == 0 and listed["in_flight"] == 0  # answered: nothing pending
 
 
+async def test_a_prompt_in_flight_is_its_session_s_last_count_plus_the_added_text(tmp_path: Path) -> None:
+    """The engine's count of a session's previous prompt, not characters / 4, is what its next prompt in flight
+    starts from (core.prompt_estimate): a chat template's tokens no character accounts for stay counted."""
+    system = "You are terse."  # 14 characters
+    async with sidecar(tmp_path, pool_tokens=1_000_000) as h:
+        assert (await h.state())["budgeter"]["chars_per_token_source"] == "configured"
+        usage = '{"prompt_tokens": 1300, "completion_tokens": 10}'  # ~1,004 tokens at 4 characters each
+        await h.chat("a", content="x" * 4000, headers={"x-stub-usage": usage})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: h.chat("a", content="x" * 4400, max_tokens=50, headers={"x-stub-delay-ms": "150"})
+            )
+            tg.start_soon(
+                lambda: h.chat("b", content="x" * 4400, max_tokens=50, headers={"x-stub-delay-ms": "150"})
+            )
+            await settle(lambda: h.cp.in_flight == 2, "a and b in flight")
+            assert h.cp.budgeter.session("a").inflight_prompt == 1300 + 100  # 400 more characters
+            listed = (await h.client.get("/sessions/a")).json()
+            assert listed["pending_prompt_tokens"] == 1400
+            assert h.cp.budgeter.session("b").inflight_prompt == -(-(4400 + len(system)) // 4)  # nothing seen
+        assert h.cp.prompts.remembered() == 2
+        r = await h.client.delete("/sessions/a", headers=OP_HEADERS)
+        assert r.status_code == 200, r.text
+        assert h.cp.prompts.remembered() == 1  # an ended session is forgotten
+
+
 async def test_pool_comes_from_the_engine_and_is_refreshed(tmp_path: Path) -> None:
     engine = StubEngine(pool_tokens=40_000)
     async with sidecar(tmp_path, engine=engine, pool_refresh_s=0.05) as h:

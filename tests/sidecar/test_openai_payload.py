@@ -7,14 +7,14 @@ import json
 from sidecar.openai_payload import (
     SseReframer,
     checked_usage,
-    estimate_prompt_tokens,
     output_budget,
+    prompt_size,
     subtree_of,
     usage_numbers,
 )
 
 
-def test_estimate_counts_characters_and_token_ids() -> None:
+def test_prompt_size_counts_characters_and_token_ids() -> None:
     payload = {
         "messages": [
             {"role": "system", "content": "abcd" * 10},
@@ -22,10 +22,10 @@ def test_estimate_counts_characters_and_token_ids() -> None:
             "not-a-message",
         ]
     }
-    assert estimate_prompt_tokens(payload, 4.0) == 11  # ceil(43 / 4)
-    assert estimate_prompt_tokens({"prompt": [1, 2, 3, [4, 5], "abcdefgh"]}, 4.0) == 7
-    assert estimate_prompt_tokens({"prompt": "abc"}, 2.0) == 2
-    assert estimate_prompt_tokens({}, 4.0) == 0
+    assert prompt_size(payload) == (43, 0)
+    assert prompt_size({"prompt": [1, 2, 3, [4, 5], "abcdefgh"]}) == (8, 5)
+    assert prompt_size({"prompt": "abc"}) == (3, 0)
+    assert prompt_size({}) == (0, 0)
 
 
 def test_output_budget_prefers_max_completion_tokens_and_ignores_junk() -> None:
