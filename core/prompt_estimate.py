@@ -35,6 +35,11 @@ tokenizer; a model name a client sends is not trusted to key anything):
 * ``forget(session)`` when the session ends; at most ``MAX_SESSIONS`` sessions are remembered (the
   least recently observed is dropped first), so no client can grow it without bound.
 
+The ratio is the sidecar's, across its clients: one client's unusual text (long prompts a tokenizer
+packs tightly, or a script it splits finely) moves it for every first turn within the window. A
+continuing session's estimate leans on it only for the added text, and every finished turn replaces an
+estimate with the engine's count.
+
 It is not persisted: a restarted sidecar counts at the configured ratio until ``MIN_TURNS`` turns have
 finished, and each session's next turn at the ratio. The sidecar's ``/state`` shows what it counts at
 (``budgeter.chars_per_token``, ``budgeter.chars_per_token_source``: ``learned`` or ``configured``).
