@@ -79,7 +79,7 @@ class PromptEstimator:
         if not (math.isfinite(chars_per_token) and chars_per_token > 0):
             raise ValueError(f"chars_per_token must be a finite number > 0, got {chars_per_token!r}")
         self.prior = 1.0 / chars_per_token
-        self.min_turns = min_turns
+        self.min_turns = max(1, min_turns)  # a learned ratio rests on one turn at least
         self.max_sessions = max_sessions
         self._recent: deque[tuple[int, int]] = deque(maxlen=window)  # (chars, text tokens)
         self._chars = 0
@@ -92,11 +92,10 @@ class PromptEstimator:
 
     def tokens_per_char(self) -> float:
         """The learned ratio of sums, or the configured prior below ``min_turns`` observations."""
-        return self._tokens / self._chars if self.learned and self._chars > 0 else self.prior
+        return self._tokens / self._chars if self.learned else self.prior  # observed turns have chars > 0
 
     def chars_per_token(self) -> float:
-        ratio = self.tokens_per_char()
-        return 1.0 / ratio if ratio > 0 else 1.0 / self.prior
+        return 1.0 / self.tokens_per_char()
 
     def estimate(self, session: str | None, chars: int, exact: int = 0) -> int:
         """Tokens of a prompt of ``chars`` text characters and ``exact`` token ids (module doc)."""

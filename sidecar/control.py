@@ -207,7 +207,7 @@ class ControlPlane(Operator, TurnTracing):
                 log.warning("engine usage ignored (%d so far): %s", self.counters.usage_rejected, problem)
         if ok and prompt is not None:  # the engine's count teaches the estimate of the next prompts
             self.prompts.observe(ticket.session_id, ticket.prompt_chars, ticket.prompt_ids, prompt)
-        if ok and prompt is None:
+        elif ok:
             # A success without usage (an engine that reports none): the turn counts, its cache use is
             # unknown, and the prompt size is the estimate.
             prompt, cached, completion = ticket.prompt_estimate, None, completion or 0

@@ -1,4 +1,4 @@
-"""Pure functions over OpenAI-shaped payloads: prompt-size estimate, output budget, subtree id,
+"""Pure functions over OpenAI-shaped payloads: prompt size, output budget, subtree id,
 usage extraction and SSE re-framing. No I/O, no clock; unit-tested in tests/sidecar/test_openai_payload.py.
 
 - `prompt_size`: a request's text characters and token ids (counted exactly): what the sidecar knows of
